@@ -1,0 +1,1 @@
+"""Pure tensor functions of the GRPO family: advantages, the clipped surrogate, KL, aggregation."""

@@ -1,0 +1,63 @@
+"""`rlvr <command> [hydra overrides]`.
+
+    rlvr train +experiment=multiplication optim.lr=3e-6      # one run
+    rlvr train -m +experiment=multiplication seed=0,1,2       # a sweep (Hydra multirun)
+    rlvr train --help                                         # Hydra's help: config groups and options
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+
+from rlvr.config import register
+
+CONFIG_DIR = str(Path(__file__).resolve().parent.parent / "configs")
+
+USAGE = """usage: rlvr <command> [hydra overrides]
+
+Reinforcement learning from verifiable rewards (GRPO and descendants) with vLLM rollouts.
+
+commands:
+  train     run RL training: rlvr train +experiment=multiplication [key=value ...]
+            sweep with -m:    rlvr train -m +experiment=multiplication seed=0,1,2
+            all options:      rlvr train --help   (config groups)
+                              rlvr train --cfg job (the composed config, nothing runs)
+
+examples:
+  rlvr train +experiment=multiplication model=tiny trainer.max_steps=3
+  rlvr train +experiment=multiplication optim.lr=1e-5 algorithm.group_size=8 data.batch_size=8
+"""
+
+
+@hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="train")
+def _train(cfg: DictConfig) -> float | None:
+    from rlvr.train import train  # heavy imports (torch, transformers) after the config composed
+
+    metrics = train(cfg, Path(HydraConfig.get().runtime.output_dir))
+    return metrics.get("eval/accuracy")
+
+
+COMMANDS = {"train": _train}
+
+
+def main() -> None:
+    args = sys.argv[1:]
+    if not args or args[0] in ("-h", "--help", "help"):
+        print(USAGE)
+        sys.exit(0 if args else 2)
+    command, rest = args[0], args[1:]
+    if command not in COMMANDS:
+        print(f"rlvr: unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
+        sys.exit(2)
+    register()
+    sys.argv = [f"rlvr {command}", *rest]
+    COMMANDS[command]()
+
+
+if __name__ == "__main__":
+    main()

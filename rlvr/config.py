@@ -1,0 +1,187 @@
+"""Typed schemas for every config group, registered in Hydra's ConfigStore.
+
+Defaults live in the YAML files of `configs/` (one home per default); these
+dataclasses give each key its type, so a misspelt key or a wrong type fails when
+Hydra composes the config, before any model loads. `check(cfg)` then rejects
+combinations that make no sense.
+
+A task with knobs of its own (e.g. multiplication's operand digits) extends
+`DataConfig` and registers under `data/<name>_schema`; its YAML lists that schema
+first in its defaults. A user's own task may skip the schema: its keys are then
+checked by the task's constructor when it is built at startup.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, DictConfig
+
+
+@dataclass
+class ModelConfig:
+    path: str = MISSING
+    build: str | None = None
+    dtype: str = "float32"
+
+
+@dataclass
+class DataConfig:
+    _target_: str = MISSING
+    batch_size: int = 8
+    eval_size: int = 64
+    system_prompt: str | None = None
+
+
+@dataclass
+class MultiplicationDataConfig(DataConfig):
+    _target_: str = "rlvr.data.multiplication.MultiplicationTask"
+    levels: list[list[int]] = field(default_factory=lambda: [[4, 2]])
+    advance_at: float | None = None
+    window: int = 4
+    eval_fraction: float = 0.1
+    template: str = MISSING
+
+
+@dataclass
+class RewardTerm:
+    _target_: str = MISSING
+    weight: float = 1.0
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class RewardConfig:
+    terms: dict[str, RewardTerm] = field(default_factory=dict)
+    correct_term: str = MISSING
+
+
+@dataclass
+class KLConfig:
+    coef: float = 0.0
+    estimator: str = "k3"
+
+
+@dataclass
+class AlgorithmConfig:
+    name: str = "grpo"
+    group_size: int = 8
+    advantage: str = "grpo"
+    adv_eps: float = 1e-6
+    clip_eps_low: float = 0.2
+    clip_eps_high: float = 0.2
+    loss_agg: str = "token_mean"
+    kl: KLConfig = field(default_factory=KLConfig)
+
+
+@dataclass
+class RolloutConfig:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_tokens: int = 64
+    kv_cache_gib: float = 1.0
+    gpu_memory_utilization: float = 0.3
+    max_model_len: int = 1024
+    canary_tol: float = 1e-3
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 1e-6
+    weight_decay: float = 0.0
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    max_grad_norm: float = 1.0
+    warmup_steps: int = 0
+
+
+@dataclass
+class TrainerConfig:
+    max_steps: int = 10
+    micro_batch_size: int = 8
+    device: str = "auto"
+    num_threads: int | None = None
+    save_model: bool = True
+    log_samples: int = 1
+
+
+@dataclass
+class LoggerConfig:
+    wandb: bool = False
+    project: str = "rlvr"
+    mode: str = "online"
+    name: str | None = None
+
+
+@dataclass
+class TrainConfig:
+    model: ModelConfig = MISSING
+    data: DataConfig = MISSING
+    reward: RewardConfig = MISSING
+    algorithm: AlgorithmConfig = MISSING
+    rollout: RolloutConfig = MISSING
+    optim: OptimConfig = MISSING
+    trainer: TrainerConfig = MISSING
+    logger: LoggerConfig = MISSING
+    seed: int = 0
+    cache_dir: str = MISSING
+
+
+def register() -> None:
+    """Put every schema in Hydra's ConfigStore (called once by the CLI before composing)."""
+    cs = ConfigStore.instance()
+    cs.store(name="train_schema", node=TrainConfig)
+    for group, node in [
+        ("model", ModelConfig),
+        ("data", DataConfig),
+        ("reward", RewardConfig),
+        ("algorithm", AlgorithmConfig),
+        ("rollout", RolloutConfig),
+        ("optim", OptimConfig),
+        ("trainer", TrainerConfig),
+        ("logger", LoggerConfig),
+    ]:
+        cs.store(group=group, name=f"{group}_schema", node=node)
+    cs.store(group="data", name="multiplication_schema", node=MultiplicationDataConfig)
+
+
+class ConfigError(ValueError):
+    """A config that composes but makes no sense; the message names the key."""
+
+
+ADVANTAGES = ("grpo", "dr_grpo", "rloo")
+LOSS_AGGS = ("token_mean", "seq_mean_token_mean", "token_sum_norm")
+KL_ESTIMATORS = ("k1", "k2", "k3")
+DTYPES = ("float32", "bfloat16", "float16")
+DEVICES = ("auto", "cpu", "cuda")
+
+
+def check(cfg: DictConfig) -> None:
+    """Reject values and combinations that compose but cannot work, naming the key."""
+
+    def need(ok: bool, key: str, why: str) -> None:
+        if not ok:
+            raise ConfigError(f"{key}: {why}")
+
+    a, r, d = cfg.algorithm, cfg.rollout, cfg.data
+    need(a.group_size >= 2, "algorithm.group_size", f"must be >= 2 for group-relative advantages, got {a.group_size}")
+    need(a.advantage in ADVANTAGES, "algorithm.advantage", f"must be one of {ADVANTAGES}, got {a.advantage!r}")
+    need(a.loss_agg in LOSS_AGGS, "algorithm.loss_agg", f"must be one of {LOSS_AGGS}, got {a.loss_agg!r}")
+    need(a.kl.estimator in KL_ESTIMATORS, "algorithm.kl.estimator", f"must be one of {KL_ESTIMATORS}")
+    need(a.kl.coef >= 0, "algorithm.kl.coef", "must be >= 0")
+    need(0 <= a.clip_eps_low < 1, "algorithm.clip_eps_low", "must be in [0, 1)")
+    need(a.clip_eps_high >= 0, "algorithm.clip_eps_high", "must be >= 0")
+    need(d.batch_size >= 1, "data.batch_size", "must be >= 1")
+    need(r.temperature > 0, "rollout.temperature", "must be > 0 (the learner divides logits by it)")
+    need(0 < r.top_p <= 1, "rollout.top_p", "must be in (0, 1]")
+    need(r.max_tokens >= 1, "rollout.max_tokens", "must be >= 1")
+    need(cfg.trainer.max_steps >= 0, "trainer.max_steps", "must be >= 0")
+    need(cfg.trainer.micro_batch_size >= 1, "trainer.micro_batch_size", "must be >= 1")
+    need(cfg.model.dtype in DTYPES, "model.dtype", f"must be one of {DTYPES}")
+    need(cfg.trainer.device in DEVICES, "trainer.device", f"must be one of {DEVICES}")
+    need(cfg.optim.lr > 0, "optim.lr", "must be > 0")
+    need(len(cfg.optim.betas) == 2, "optim.betas", "must hold two numbers")
+    need(cfg.reward.correct_term in cfg.reward.terms, "reward.correct_term",
+         f"names the term that defines accuracy; {cfg.reward.correct_term!r} is not one of {list(cfg.reward.terms)}")
+    need(cfg.logger.mode in ("online", "offline", "disabled"), "logger.mode", "must be online, offline or disabled")

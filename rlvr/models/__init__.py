@@ -1,0 +1,49 @@
+"""Where the policy's Hugging Face folder comes from: a local path, built on first use if configured."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+from hydra.utils import get_method
+from omegaconf import DictConfig
+
+log = logging.getLogger(__name__)
+
+
+class ModelError(ValueError):
+    """A model folder that is missing or unusable; the message names the path and the fix."""
+
+
+def resolve(cfg: DictConfig) -> Path:
+    """The model folder of `cfg` (the `model` group), building it first when it is missing."""
+    path = Path(cfg.path).expanduser()
+    if not path.exists():
+        if cfg.build is None:
+            raise ModelError(f"model.path={str(path)!r} does not exist. Point model.path at a local "
+                             "Hugging Face folder (config.json, weights, tokenizer).")
+        log.info("building model folder %s with %s (once; cached afterwards)", path, cfg.build)
+        build_atomically(path, get_method(cfg.build))
+    if not (path / "config.json").is_file():
+        raise ModelError(f"model.path={str(path)!r} has no config.json: not a Hugging Face model folder.")
+    return path
+
+
+def build_atomically(path: Path, build: Callable[[Path], None]) -> None:
+    """Run `build(tmp)` into a temporary folder beside `path`, then rename it into place, so an
+    interrupted build never leaves a folder that looks complete."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    try:
+        build(tmp)
+        try:
+            os.rename(tmp, path)
+        except OSError:  # another process finished the same build first; theirs is as good
+            if not (path / "config.json").is_file():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -1,0 +1,53 @@
+"""The records passed between the stages of a training step.
+
+Prompt (task) -> Rollout (engine) -> scored Rollout (rewards) -> Batch (learner).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+
+@dataclass
+class Prompt:
+    """One task instance: chat messages for the model and what the reward needs to check it."""
+
+    messages: list[dict[str, str]]  # [{"role": "system" | "user", "content": str}, ...]
+    answer: str  # ground truth, as the reward reads it
+    meta: dict[str, Any] = field(default_factory=dict)  # e.g. the curriculum level
+
+
+@dataclass
+class Rollout:
+    """One sampled completion of one prompt, with what the sampler saw."""
+
+    prompt: Prompt
+    group: int  # index of its prompt in the step's batch; the G samples of a prompt share it
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    sampler_logprobs: list[float]  # one per completion token, under the sampling temperature
+    text: str
+    finish_reason: str  # "stop" (eos or stop string) | "length" (hit rollout.max_tokens)
+    rewards: dict[str, float] = field(default_factory=dict)  # per term, unweighted
+    reward: float = 0.0  # weighted total
+
+
+@dataclass
+class Batch:
+    """Padded tensors for the learner. Position t of the [N, T-1] tensors scores token t+1."""
+
+    input_ids: torch.Tensor  # [N, T] prompt + completion, right-padded
+    attention_mask: torch.Tensor  # [N, T] 1 on real tokens
+    loss_mask: torch.Tensor  # [N, T-1] 1 where the target token is a completion token
+    old_logprobs: torch.Tensor  # [N, T-1] sampler logprobs of the targets (0 off the mask)
+    advantages: torch.Tensor  # [N]
+
+    def __len__(self) -> int:
+        return self.input_ids.shape[0]
+
+    def select(self, rows: torch.Tensor | slice) -> Batch:
+        return Batch(*(t[rows] for t in (self.input_ids, self.attention_mask, self.loss_mask,
+                                          self.old_logprobs, self.advantages)))

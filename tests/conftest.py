@@ -1,0 +1,49 @@
+"""Shared fixtures: a private cache with the tiny model, Hydra composition, and the CLI."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig
+
+from rlvr.cli import CONFIG_DIR
+from rlvr.config import register
+from rlvr.models import build_atomically
+from rlvr.models.tiny import build as build_tiny
+
+RLVR = str(Path(sys.executable).with_name("rlvr"))
+REPO = Path(__file__).resolve().parent.parent
+# vLLM's compile cache outlives a test session (a cold engine start costs ~15 s more); the models do not.
+os.environ.setdefault("VLLM_CACHE_ROOT", str(REPO / ".cache" / "vllm"))
+
+
+@pytest.fixture(scope="session")
+def cache_dir(tmp_path_factory) -> Path:
+    """A cache folder of the test session, holding the tiny model (built here, nothing downloaded)."""
+    cache = tmp_path_factory.mktemp("cache")
+    build_atomically(cache / "models" / "tiny", build_tiny)
+    return cache
+
+
+@pytest.fixture(scope="session")
+def tiny_path(cache_dir) -> Path:
+    return cache_dir / "models" / "tiny"
+
+
+def compose_config(overrides: list[str], cache: Path | None = None) -> DictConfig:
+    """The config `rlvr train <overrides>` would run with."""
+    register()
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        extra = [f"cache_dir={cache}"] if cache is not None else []
+        return compose(config_name="train", overrides=[*overrides, *extra])
+
+
+def run_cli(args: list[str], cache: Path, timeout: int = 600) -> subprocess.CompletedProcess:
+    """Run the installed `rlvr` command as a user would; output captured as text."""
+    env = {**os.environ, "RLVR_CACHE": str(cache), "HYDRA_FULL_ERROR": "0"}
+    return subprocess.run([RLVR, *args], capture_output=True, text=True, timeout=timeout, env=env)

@@ -1,0 +1,92 @@
+"""GRPO-family pure functions against numbers derived by hand in each test."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from rlvr.algorithms import advantages
+from rlvr.algorithms.losses import Normaliser, aggregate, clipped_surrogate, kl_penalty
+
+
+def test_grpo_advantages_of_a_half_right_group_are_plus_minus_one():
+    # rewards [1, 0, 0, 1]: mean 0.5, unbiased std sqrt(4 * 0.25 / 3) = 0.57735
+    adv = advantages.grpo(torch.tensor([[1.0, 0.0, 0.0, 1.0]]), eps=0.0)
+    expected = 0.5 / math.sqrt(1 / 3)  # 0.866
+    assert adv.tolist()[0] == pytest.approx([expected, -expected, -expected, expected])
+
+
+def test_grpo_zero_variance_group_has_zero_advantage():
+    adv = advantages.grpo(torch.tensor([[1.0, 1.0, 1.0], [0.0, 0.0, 0.0]]), eps=1e-6)
+    assert adv.abs().max().item() == 0.0
+
+
+def test_dr_grpo_subtracts_the_mean_only():
+    adv = advantages.dr_grpo(torch.tensor([[1.0, 0.0, 0.0, 0.0]]))
+    assert adv.tolist()[0] == pytest.approx([0.75, -0.25, -0.25, -0.25])
+
+
+def test_rloo_is_reward_minus_mean_of_the_others():
+    # r = [3, 1, 2]: others' means 1.5, 2.5, 2 -> [1.5, -1.5, 0]
+    adv = advantages.rloo(torch.tensor([[3.0, 1.0, 2.0]]))
+    assert adv.tolist()[0] == pytest.approx([1.5, -1.5, 0.0])
+
+
+def test_clipped_surrogate_by_hand():
+    # log ratio 1 -> ratio e; A = +1: clipped to 1 + 0.2 = 1.2, loss -1.2, clipped.
+    # log ratio 1, A = -1: min(-e, -1.2) = -e, loss e, not clipped (pessimistic bound keeps e).
+    # log ratio -1 -> ratio 1/e = 0.368; A = -1: clip to 0.8 -> min(-0.368, -0.8) = -0.8, loss 0.8, clipped.
+    # log ratio 0, A = 2: ratio 1, loss -2.
+    logp = torch.tensor([[1.0], [1.0], [-1.0], [0.0]])
+    old = torch.zeros(4, 1)
+    adv = torch.tensor([1.0, -1.0, -1.0, 2.0])
+    loss, clipped = clipped_surrogate(logp, old, adv, eps_low=0.2, eps_high=0.2)
+    assert loss.flatten().tolist() == pytest.approx([-1.2, math.e, 0.8, -2.0])
+    assert clipped.flatten().tolist() == [True, False, True, False]
+
+
+def test_clip_higher_only_moves_the_upper_bound():
+    # ratio e with A = +1: eps_high 0.28 -> 1.28; ratio 1/e with A = -1: eps_low 0.2 -> 0.8
+    loss, _ = clipped_surrogate(torch.tensor([[1.0], [-1.0]]), torch.zeros(2, 1), torch.tensor([1.0, -1.0]),
+                                eps_low=0.2, eps_high=0.28)
+    assert loss.flatten().tolist() == pytest.approx([-1.28, 0.8])
+
+
+def test_kl_estimators_by_hand():
+    logp, ref = torch.tensor([0.0, -1.0]), torch.tensor([0.0, 0.0])
+    # log r = ref - logp = [0, 1]
+    assert kl_penalty(logp, ref, "k1").tolist() == pytest.approx([0.0, -1.0])
+    assert kl_penalty(logp, ref, "k2").tolist() == pytest.approx([0.0, 0.5])
+    assert kl_penalty(logp, ref, "k3").tolist() == pytest.approx([0.0, math.e - 2])
+
+
+def test_aggregation_modes_by_hand():
+    per_token = torch.tensor([[1.0, 2.0, 3.0], [4.0, 0.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]])
+    norm = Normaliser(tokens=4, sequences=2, max_tokens=5)
+    assert aggregate(per_token, mask, "token_mean", norm).item() == pytest.approx(10 / 4)
+    assert aggregate(per_token, mask, "seq_mean_token_mean", norm).item() == pytest.approx((2 + 4) / 2)
+    assert aggregate(per_token, mask, "token_sum_norm", norm).item() == pytest.approx(10 / (2 * 5))
+
+
+@pytest.mark.parametrize("mode", ["token_mean", "seq_mean_token_mean", "token_sum_norm"])
+def test_aggregation_does_not_depend_on_micro_batching(mode):
+    torch.manual_seed(0)
+    logp = torch.randn(6, 5, requires_grad=True)
+    old = torch.randn(6, 5)
+    adv = torch.randn(6)
+    mask = (torch.rand(6, 5) > 0.3).float()
+    norm = Normaliser(tokens=int(mask.sum()), sequences=6, max_tokens=5)
+
+    def loss_of(rows):
+        per_token, _ = clipped_surrogate(logp[rows], old[rows], adv[rows], 0.2, 0.28)
+        return aggregate(per_token, mask[rows], mode, norm)
+
+    whole = loss_of(slice(0, 6))
+    (grad_whole,) = torch.autograd.grad(whole, logp)
+    parts = [loss_of(slice(0, 2)), loss_of(slice(2, 5)), loss_of(slice(5, 6))]
+    (grad_parts,) = torch.autograd.grad(sum(parts), logp)
+    assert sum(parts).item() == pytest.approx(whole.item(), abs=1e-6)
+    assert torch.allclose(grad_parts, grad_whole, atol=1e-7)

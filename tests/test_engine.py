@@ -1,0 +1,83 @@
+"""The real vLLM CPU engine on the tiny model: group rollouts, weight sync, and the canary."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rlvr.learner import Learner, make_batch, token_logprobs
+from rlvr.rollout.engine import RolloutEngine, WeightSyncError, check_canary
+from rlvr.train import render
+from rlvr.types import Prompt
+
+from .conftest import compose_config
+
+pytestmark = pytest.mark.slow
+
+PROMPTS = [Prompt(messages=[{"role": "user", "content": f"What is {a} * 7?"}], answer=str(7 * a)) for a in (12, 34)]
+
+
+@pytest.fixture(scope="module")
+def parts(cache_dir, tiny_path):
+    cfg = compose_config(["model=tiny", "optim.lr=1e-2", "rollout.temperature=0.7", "rollout.max_tokens=16"],
+                         cache_dir)
+    learner = Learner(tiny_path, cfg.model, cfg.optim, cfg.algorithm, cfg.trainer, cfg.rollout.temperature,
+                      cfg.rollout.max_tokens, "cpu")
+    engine = RolloutEngine(tiny_path, cfg.rollout, cfg.model.dtype, seed=0, device="cpu", cache_dir=cache_dir)
+    yield cfg, learner, engine
+    engine.close()
+
+
+def _generate(learner, engine, seed=1):
+    return engine.generate(PROMPTS, [render(learner.tokenizer, p) for p in PROMPTS], n=4, seed=seed)
+
+
+def test_one_request_per_prompt_gives_a_group_with_logprobs(parts):
+    _, learner, engine = parts
+    rollouts = _generate(learner, engine)
+    assert [r.group for r in rollouts] == [0, 0, 0, 0, 1, 1, 1, 1]
+    for r in rollouts:
+        assert 1 <= len(r.completion_ids) <= 16
+        assert len(r.sampler_logprobs) == len(r.completion_ids)
+        assert r.finish_reason in ("stop", "length")
+        assert all(lp <= 0 for lp in r.sampler_logprobs)
+    assert len({tuple(r.completion_ids) for r in rollouts[:4]}) > 1  # distinct samples in a group
+    again = _generate(learner, engine)
+    assert [r.completion_ids for r in again] == [r.completion_ids for r in rollouts]  # seeded
+
+
+def test_sampler_logprobs_match_the_learner_at_the_sampling_temperature(parts):
+    cfg, learner, engine = parts
+    rollouts = _generate(learner, engine, seed=5)
+    batch = make_batch(rollouts, [0.0] * len(rollouts), learner.pad_id)
+    with torch.no_grad():
+        logp = token_logprobs(learner.model, batch.input_ids, batch.attention_mask, cfg.rollout.temperature)
+    gap = ((logp - batch.old_logprobs).abs() * batch.loss_mask).max().item()
+    assert gap < 1e-3
+
+
+def test_sync_serves_new_weights_and_a_skipped_sync_is_caught(parts):
+    cfg, learner, engine = parts
+    canary = render(learner.tokenizer, PROMPTS[0]) + [5, 6, 7, 8]
+    tol = cfg.rollout.canary_tol
+    assert check_canary(engine, learner.sequence_logprobs(canary), canary, tol) <= tol
+
+    # Two real updates (non-zero advantages), each followed by a sync: the engine keeps up.
+    for step in range(2):
+        before = {k: v.clone() for k, v in learner.named_weights()}
+        rollouts = _generate(learner, engine, seed=10 + step)
+        adv = [1.0, -1.0] * (len(rollouts) // 2)
+        stats = learner.step(make_batch(rollouts, adv, learner.pad_id))
+        assert stats["grad_norm"] > 0 and stats["learn/skipped_update"] == 0.0
+        changed = [k for k, v in learner.named_weights() if not torch.equal(v, before[k])]
+        assert changed, "the update changed no parameter"
+        engine.load_weights(learner.named_weights())
+        assert check_canary(engine, learner.sequence_logprobs(canary), canary, tol) <= tol
+
+    # An update the engine never hears of must stop the run.
+    rollouts = _generate(learner, engine, seed=99)
+    learner.step(make_batch(rollouts, [1.0, -1.0] * (len(rollouts) // 2), learner.pad_id))
+    with pytest.raises(WeightSyncError, match="not serving the learner's weights"):
+        check_canary(engine, learner.sequence_logprobs(canary), canary, tol)
+    engine.load_weights(learner.named_weights())  # and a real sync mends it
+    assert check_canary(engine, learner.sequence_logprobs(canary), canary, tol) <= tol
