@@ -102,6 +102,7 @@ class TrainerConfig:
     micro_batch_size: int = 8
     device: str = "auto"
     num_threads: int | None = None
+    eval_every: int = 0
     save_model: bool = True
     log_samples: int = 1
 

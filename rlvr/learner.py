@@ -123,6 +123,7 @@ class Learner:
             mismatch_sum += float(gap.sum())
             mismatch_max = max(mismatch_max, float(gap.max()) if gap.numel() else 0.0)
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.optim_cfg.max_grad_norm))
+        lr = self.scheduler.get_last_lr()[0]  # the rate this update uses
         stepped = math.isfinite(grad_norm) and math.isfinite(loss_sum)
         if stepped:
             self.optimizer.step()
@@ -135,7 +136,7 @@ class Learner:
             "kl": kl_sum / norm.tokens if self.ref is not None and norm.tokens else None,
             "clip_frac": clipped / tokens if tokens else 0.0,
             "grad_norm": grad_norm,
-            "lr": self.scheduler.get_last_lr()[0],
+            "lr": lr,
             "learn/sequences": float(len(rows)),
             "learn/skipped_update": float(not stepped),
             "mismatch/logprob_abs_mean": mismatch_sum / tokens if tokens else 0.0,

@@ -129,10 +129,10 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, float]:
 
             # 7. log
             metrics = summarise(rollouts, rewards)
+            metrics.update(task.metrics())  # the curriculum level these prompts came from
             task.update(metrics["accuracy"])
             generated = sum(len(r.completion_ids) for r in rollouts)
             metrics.update(learn)
-            metrics.update(task.metrics() if hasattr(task, "metrics") else {})
             metrics.update({
                 "reward/std": float(scores.std()),
                 "reward/errors": float(rewards.errors),
@@ -146,6 +146,8 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, float]:
                 "tokens_per_s": generated / t_rollout,
             })
             logger.log(step, metrics)
+            if cfg.trainer.eval_every and step % cfg.trainer.eval_every == 0 and step < cfg.trainer.max_steps:
+                logger.log(step, evaluate(engine, tok, eval_prompts, rewards))
             for r in rollouts[: cfg.trainer.log_samples]:
                 log.info("sample (reward %.2f, answer %s): %r", r.reward, r.prompt.answer, r.text[:300])
 

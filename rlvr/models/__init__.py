@@ -40,6 +40,7 @@ def build_atomically(path: Path, build: Callable[[Path], None]) -> None:
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
     try:
         build(tmp)
+        os.chmod(tmp, 0o755)  # mkdtemp made it private
         try:
             os.rename(tmp, path)
         except OSError:  # another process finished the same build first; theirs is as good

@@ -50,8 +50,7 @@ class RolloutEngine:
         _vllm_environment(Path(cache_dir))
         from vllm import LLM  # imported late: importing vllm is slow and reads the environment above
 
-        for handler in logging.getLogger("vllm").handlers:
-            handler.addFilter(_DropRotaryWarning())
+        logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").addFilter(_DropRotaryWarning())
         self.cfg = cfg
         kwargs = {}
         if device == "cpu":
