@@ -8,7 +8,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 # pip, minus the warnings this machine's pip configuration prints for every package
 PIP := $(PY) -m pip
-QUIET := grep -v "is ignored: it is neither a file nor a directory" || true
+QUIET := { grep -v "is ignored: it is neither a file nor a directory" || true; }
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 # vLLM build: CUDA where an NVIDIA GPU answers, else the CPU build (both version 0.32.0).
 VLLM_EXTRA ?= $(shell nvidia-smi -L >/dev/null 2>&1 && echo cuda || echo cpu)

@@ -3,6 +3,8 @@
     rlvr train +experiment=multiplication optim.lr=3e-6      # one run
     rlvr train -m +experiment=multiplication seed=0,1,2       # a sweep (Hydra multirun)
     rlvr train --help                                         # Hydra's help: config groups and options
+    rlvr eval +experiment=multiplication model=local model.path=outputs/.../model   # greedy + pass@k
+    rlvr plot RUN_DIR [RUN_DIR ...]                           # curves of runs, overlaid, as a PNG
 """
 
 from __future__ import annotations
@@ -27,6 +29,11 @@ commands:
             sweep with -m:    rlvr train -m +experiment=multiplication seed=0,1,2
             all options:      rlvr train --help   (config groups)
                               rlvr train --cfg job (the composed config, nothing runs)
+  eval      greedy accuracy and pass@k of a model on a task's held-out prompts; any train override works:
+            rlvr eval +experiment=multiplication model=local model.path=outputs/.../model eval.n_samples=8
+            writes eval.json and eval_samples.jsonl into its run dir
+  plot      training curves of one or more runs, overlaid, into a PNG:
+            rlvr plot outputs/2026-11-30/14-00-00 [more run dirs] [--out curves.png]
 
 examples:
   rlvr train +experiment=multiplication model=tiny trainer.max_steps=3
@@ -42,7 +49,20 @@ def _train(cfg: DictConfig) -> float | None:
     return metrics.get("eval/accuracy")
 
 
-COMMANDS = {"train": _train}
+@hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="train")
+def _eval(cfg: DictConfig) -> float | None:
+    from rlvr.evaluate import run_eval
+
+    return run_eval(cfg, Path(HydraConfig.get().runtime.output_dir)).get("eval/accuracy")
+
+
+def _plot() -> None:
+    from rlvr.plot import main as plot_main
+
+    sys.exit(plot_main(sys.argv[1:]))
+
+
+COMMANDS = {"train": _train, "eval": _eval, "plot": _plot}
 
 
 def main() -> None:
@@ -54,7 +74,8 @@ def main() -> None:
     if command not in COMMANDS:
         print(f"rlvr: unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
         sys.exit(2)
-    register()
+    if command in ("train", "eval"):
+        register()
     sys.argv = [f"rlvr {command}", *rest]
     COMMANDS[command]()
 

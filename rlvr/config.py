@@ -61,7 +61,20 @@ class RewardConfig:
 @dataclass
 class KLConfig:
     coef: float = 0.0
+    reward_coef: float = 0.0
     estimator: str = "k3"
+
+
+@dataclass
+class DynamicSamplingConfig:
+    enabled: bool = False
+    max_rounds: int = 3
+
+
+@dataclass
+class OverlongConfig:
+    mode: str = "none"
+    buffer: int = 16
 
 
 @dataclass
@@ -70,10 +83,17 @@ class AlgorithmConfig:
     group_size: int = 8
     advantage: str = "grpo"
     adv_eps: float = 1e-6
+    ratio: str = "token"
     clip_eps_low: float = 0.2
     clip_eps_high: float = 0.2
+    dual_clip: float | None = None
     loss_agg: str = "token_mean"
     kl: KLConfig = field(default_factory=KLConfig)
+    dynamic_sampling: DynamicSamplingConfig = field(default_factory=DynamicSamplingConfig)
+    overlong: OverlongConfig = field(default_factory=OverlongConfig)
+    ppo_epochs: int = 1
+    mini_batches: int = 1
+    tis_cap: float | None = None
 
 
 @dataclass
@@ -104,7 +124,14 @@ class TrainerConfig:
     num_threads: int | None = None
     eval_every: int = 0
     save_model: bool = True
-    log_samples: int = 1
+    log_samples: int = 2
+    samples_every: int = 5
+
+
+@dataclass
+class EvalConfig:
+    n_samples: int = 8
+    ks: list[int] = field(default_factory=lambda: [1, 2, 4, 8])
 
 
 @dataclass
@@ -125,6 +152,7 @@ class TrainConfig:
     optim: OptimConfig = MISSING
     trainer: TrainerConfig = MISSING
     logger: LoggerConfig = MISSING
+    eval: EvalConfig = MISSING
     seed: int = 0
     cache_dir: str = MISSING
 
@@ -142,6 +170,7 @@ def register() -> None:
         ("optim", OptimConfig),
         ("trainer", TrainerConfig),
         ("logger", LoggerConfig),
+        ("eval", EvalConfig),
     ]:
         cs.store(group=group, name=f"{group}_schema", node=node)
     cs.store(group="data", name="multiplication_schema", node=MultiplicationDataConfig)
@@ -154,6 +183,8 @@ class ConfigError(ValueError):
 ADVANTAGES = ("grpo", "dr_grpo", "rloo")
 LOSS_AGGS = ("token_mean", "seq_mean_token_mean", "token_sum_norm")
 KL_ESTIMATORS = ("k1", "k2", "k3")
+RATIOS = ("token", "sequence")
+OVERLONG = ("none", "mask", "soft")
 DTYPES = ("float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
 
@@ -170,9 +201,28 @@ def check(cfg: DictConfig) -> None:
     need(a.advantage in ADVANTAGES, "algorithm.advantage", f"must be one of {ADVANTAGES}, got {a.advantage!r}")
     need(a.loss_agg in LOSS_AGGS, "algorithm.loss_agg", f"must be one of {LOSS_AGGS}, got {a.loss_agg!r}")
     need(a.kl.estimator in KL_ESTIMATORS, "algorithm.kl.estimator", f"must be one of {KL_ESTIMATORS}")
-    need(a.kl.coef >= 0, "algorithm.kl.coef", "must be >= 0")
+    need(a.kl.coef >= 0 and a.kl.reward_coef >= 0, "algorithm.kl", "coefficients must be >= 0")
+    need(not (a.kl.coef > 0 and a.kl.reward_coef > 0), "algorithm.kl",
+         "KL in both the loss (kl.coef) and the reward (kl.reward_coef) penalises it twice; choose one")
     need(0 <= a.clip_eps_low < 1, "algorithm.clip_eps_low", "must be in [0, 1)")
     need(a.clip_eps_high >= 0, "algorithm.clip_eps_high", "must be >= 0")
+    need(a.dual_clip is None or a.dual_clip > 1, "algorithm.dual_clip", "must be > 1 (or null for none)")
+    need(a.ratio in RATIOS, "algorithm.ratio", f"must be one of {RATIOS}, got {a.ratio!r}")
+    need(a.ratio == "token" or a.loss_agg == "seq_mean_token_mean", "algorithm.loss_agg",
+         "a sequence-level ratio (GSPO) gives one loss per sequence; aggregate with seq_mean_token_mean, "
+         f"not {a.loss_agg}")
+    need(a.name != "dr_grpo" or (a.advantage == "dr_grpo" and a.loss_agg != "seq_mean_token_mean"),
+         "algorithm.advantage",
+         "Dr. GRPO removes the std normalisation and the per-sequence length normalisation: use "
+         "advantage=dr_grpo and loss_agg=token_sum_norm (or pick another algorithm preset)")
+    need(a.overlong.mode in OVERLONG, "algorithm.overlong.mode", f"must be one of {OVERLONG}")
+    need(a.overlong.mode != "soft" or 0 < a.overlong.buffer < r.max_tokens, "algorithm.overlong.buffer",
+         f"must be in (0, rollout.max_tokens={r.max_tokens}) for the soft punishment")
+    need(a.dynamic_sampling.max_rounds >= 0, "algorithm.dynamic_sampling.max_rounds", "must be >= 0")
+    need(a.ppo_epochs >= 1, "algorithm.ppo_epochs", "must be >= 1")
+    need(1 <= a.mini_batches <= d.batch_size * a.group_size, "algorithm.mini_batches",
+         "must be between 1 and the sequences per step (data.batch_size * algorithm.group_size)")
+    need(a.tis_cap is None or a.tis_cap >= 1, "algorithm.tis_cap", "must be >= 1 (or null for no correction)")
     need(d.batch_size >= 1, "data.batch_size", "must be >= 1")
     need(r.temperature > 0, "rollout.temperature", "must be > 0 (the learner divides logits by it)")
     need(0 < r.top_p <= 1, "rollout.top_p", "must be in (0, 1]")
@@ -185,4 +235,6 @@ def check(cfg: DictConfig) -> None:
     need(len(cfg.optim.betas) == 2, "optim.betas", "must hold two numbers")
     need(cfg.reward.correct_term in cfg.reward.terms, "reward.correct_term",
          f"names the term that defines accuracy; {cfg.reward.correct_term!r} is not one of {list(cfg.reward.terms)}")
+    need(cfg.eval.n_samples >= 0, "eval.n_samples", "must be >= 0 (0: greedy only)")
+    need(all(k >= 1 for k in cfg.eval.ks), "eval.ks", "pass@k needs every k >= 1")
     need(cfg.logger.mode in ("online", "offline", "disabled"), "logger.mode", "must be online, offline or disabled")

@@ -12,7 +12,15 @@ import torch
 from omegaconf import DictConfig
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from rlvr.algorithms.losses import Normaliser, aggregate, clipped_surrogate, kl_penalty
+from rlvr.algorithms.losses import (
+    Normaliser,
+    aggregate,
+    clipped_surrogate,
+    kl_penalty,
+    sequence_ratio,
+    tis_weight,
+    token_ratio,
+)
 from rlvr.models import ModelError
 from rlvr.types import Batch, Rollout
 
@@ -28,8 +36,11 @@ def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_ma
     return logits.gather(-1, targets).squeeze(-1) - logits.logsumexp(dim=-1)
 
 
-def make_batch(rollouts: list[Rollout], advantages: list[float], pad_id: int) -> Batch:
-    """Right-padded tensors of prompt + completion for every rollout."""
+def make_batch(rollouts: list[Rollout], pad_id: int, mask_truncated: bool = False) -> Batch:
+    """Right-padded tensors of prompt + completion for every rollout; advantages are zero until set.
+
+    `mask_truncated` drops completions cut at max_tokens out of the loss (DAPO's overlong filtering).
+    """
     seqs = [r.prompt_ids + r.completion_ids for r in rollouts]
     n, t = len(seqs), max(len(s) for s in seqs)
     input_ids = torch.full((n, t), pad_id, dtype=torch.long)
@@ -40,9 +51,10 @@ def make_batch(rollouts: list[Rollout], advantages: list[float], pad_id: int) ->
         p, c = len(r.prompt_ids), len(r.completion_ids)
         input_ids[i, : len(s)] = torch.tensor(s)
         attention_mask[i, : len(s)] = 1
-        loss_mask[i, p - 1 : p - 1 + c] = 1  # target position p-1 scores the first completion token
+        if not (mask_truncated and r.finish_reason == "length"):
+            loss_mask[i, p - 1 : p - 1 + c] = 1  # target position p-1 scores the first completion token
         old_logprobs[i, p - 1 : p - 1 + c] = torch.tensor(r.sampler_logprobs)
-    return Batch(input_ids, attention_mask, loss_mask, old_logprobs, torch.tensor(advantages, dtype=torch.float32))
+    return Batch(input_ids, attention_mask, loss_mask, old_logprobs, torch.zeros(n))
 
 
 class Learner:
@@ -60,7 +72,7 @@ class Learner:
         self.algo, self.optim_cfg, self.trainer = algorithm, optim, trainer
         self.temperature, self.max_tokens = temperature, max_tokens
         self.ref = None
-        if algorithm.kl.coef > 0:  # only built when used
+        if algorithm.kl.coef > 0 or algorithm.kl.reward_coef > 0:  # only built when used
             self.ref = copy.deepcopy(self.model).eval().requires_grad_(False)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=optim.lr, betas=tuple(optim.betas),
                                            weight_decay=optim.weight_decay)
@@ -83,65 +95,114 @@ class Learner:
         ids = torch.tensor([token_ids], device=self.device)
         return token_logprobs(self.model, ids, torch.ones_like(ids))[0]
 
-    def step(self, batch: Batch) -> dict[str, float]:
-        """One optimizer step on `batch`: clipped surrogate (+ KL), accumulated over micro-batches.
+    def _forward(self, model: torch.nn.Module, part: Batch) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """(logprobs [n, t], loss mask [n, t], width) of a micro-batch, trimmed of all-padding columns."""
+        width = int(part.attention_mask.sum(dim=1).max())
+        ids, attn = part.input_ids[:, :width].to(self.device), part.attention_mask[:, :width].to(self.device)
+        return token_logprobs(model, ids, attn, self.temperature), part.loss_mask[:, : width - 1].to(self.device), width
 
-        Sequences with advantage 0 add exactly 0 to the surrogate's gradient, so without a KL
-        term they are skipped (no forward, no backward); they still count in the normaliser, so
-        the update equals the one over the whole batch.
+    @torch.no_grad()
+    def batch_logprobs(self, batch: Batch, reference: bool = False) -> torch.Tensor:
+        """Logprobs [N, T-1] of every target token under the policy (or the frozen reference), no grad."""
+        out = torch.zeros_like(batch.old_logprobs)
+        model = self.ref if reference else self.model
+        for start in range(0, len(batch), self.trainer.micro_batch_size):
+            rows = slice(start, start + self.trainer.micro_batch_size)
+            logp, _, width = self._forward(model, batch.select(rows))
+            out[rows, : width - 1] = logp.cpu()
+        return out
+
+    def step(self, batch: Batch) -> dict[str, float]:
+        """Train on one batch: `ppo_epochs` passes, each split into `mini_batches` optimizer steps,
+        each accumulating gradients over micro-batches of `trainer.micro_batch_size` sequences.
+
+        The old policy of the ratio is the sampler's logprobs; with `tis_cap` it is the learner's own
+        logprobs before the update, and each token is weighted by min(learner_old / sampler, tis_cap).
+        """
+        a = self.algo
+        anchor, tis = batch.old_logprobs, None
+        if a.tis_cap is not None:
+            anchor = self.batch_logprobs(batch)
+            tis = tis_weight(anchor, batch.old_logprobs, a.tis_cap) * batch.loss_mask
+        stats: list[dict[str, float]] = []
+        chunks = torch.arange(len(batch)).tensor_split(a.mini_batches)
+        for _ in range(a.ppo_epochs):
+            for rows in chunks:
+                stats.append(self._update(batch.select(rows), anchor[rows], None if tis is None else tis[rows]))
+        # Engine/learner mismatch: logprobs of the sampled tokens under the learner before any update.
+        gap = ((anchor - batch.old_logprobs).abs() * batch.loss_mask) if tis is not None else None
+        first = stats[0]
+        tokens = float(batch.loss_mask.sum())
+        out = {
+            "loss": sum(s["loss"] for s in stats) / len(stats),
+            "kl": None if self.ref is None or a.kl.coef == 0 else sum(s["kl"] for s in stats) / len(stats),
+            "clip_frac": sum(s["clipped"] for s in stats) / max(sum(s["tokens"] for s in stats), 1.0),
+            "grad_norm": sum(s["grad_norm"] for s in stats) / len(stats),
+            "lr": first["lr"],
+            "learn/sequences": sum(s["sequences"] for s in stats),
+            "learn/optimizer_steps": float(len(stats)),
+            "learn/skipped_updates": sum(s["skipped"] for s in stats),
+        }
+        if gap is not None and tokens:
+            out["mismatch/logprob_abs_mean"], out["mismatch/logprob_abs_max"] = float(gap.sum()) / tokens, float(gap.max())
+        elif first["tokens"]:  # measured on the first mini-batch, before this step's first update
+            out["mismatch/logprob_abs_mean"] = first["mismatch_sum"] / first["tokens"]
+            out["mismatch/logprob_abs_max"] = first["mismatch_max"]
+        return out
+
+    def _update(self, batch: Batch, anchor: torch.Tensor, tis: torch.Tensor | None) -> dict[str, float]:
+        """One optimizer step on `batch` (a mini-batch), accumulated over micro-batches.
+
+        Sequences with advantage 0 add exactly 0 to the surrogate's gradient, so without a KL term in
+        the loss they are skipped (no forward, no backward); they still count in the normaliser, so
+        the update equals the one over the whole mini-batch.
         """
         a = self.algo
         norm = Normaliser(tokens=int(batch.loss_mask.sum()), sequences=len(batch), max_tokens=self.max_tokens)
         rows = torch.arange(len(batch))
-        if self.ref is None:
+        if a.kl.coef == 0:
             rows = rows[batch.advantages != 0]
         self.optimizer.zero_grad(set_to_none=True)
-        loss_sum = kl_sum = clipped = tokens = 0.0
-        mismatch_sum, mismatch_max = 0.0, 0.0
+        out = dict.fromkeys(("loss", "kl", "clipped", "tokens", "mismatch_sum", "mismatch_max"), 0.0)
         for start in range(0, len(rows), self.trainer.micro_batch_size):
-            part = batch.select(rows[start : start + self.trainer.micro_batch_size])
-            width = int(part.attention_mask.sum(dim=1).max())  # drop columns that are padding in every row
-            ids, attn = part.input_ids[:, :width].to(self.device), part.attention_mask[:, :width].to(self.device)
-            mask = part.loss_mask[:, : width - 1].to(self.device)  # [n, t]
-            old = part.old_logprobs[:, : width - 1].to(self.device)  # [n, t]
-            logp = token_logprobs(self.model, ids, attn, self.temperature)  # [n, t]
-            per_token, was_clipped = clipped_surrogate(logp, old, part.advantages.to(self.device),
-                                                       a.clip_eps_low, a.clip_eps_high)
-            if self.ref is not None:
+            sel = rows[start : start + self.trainer.micro_batch_size]
+            part = batch.select(sel)
+            logp, mask, width = self._forward(self.model, part)  # [n, t]
+            old = anchor[sel, : width - 1].to(self.device)  # [n, t]
+            if a.ratio == "sequence":
+                ratio = sequence_ratio(logp, old, mask)
+            else:
+                ratio = token_ratio(logp, old)
+            per_token, was_clipped = clipped_surrogate(ratio, part.advantages.to(self.device), a.clip_eps_low,
+                                                       a.clip_eps_high, a.dual_clip)
+            if tis is not None:
+                per_token = per_token * tis[sel, : width - 1].to(self.device)
+            if a.kl.coef > 0:
                 with torch.no_grad():
-                    ref_logp = token_logprobs(self.ref, ids, attn, self.temperature)
+                    ref_logp, _, _ = self._forward(self.ref, part)
                 kl = kl_penalty(logp, ref_logp, a.kl.estimator)
                 per_token = per_token + a.kl.coef * kl
-                kl_sum += float((kl.detach() * mask).sum())
+                out["kl"] += float((kl.detach() * mask).sum()) / max(norm.tokens, 1)
             loss = aggregate(per_token, mask, a.loss_agg, norm)
             loss.backward()
-            loss_sum += float(loss.detach())
-            clipped += float((was_clipped * mask).sum())
-            tokens += float(mask.sum())
-            # Before the update the learner holds the sampler's weights: any gap is engine/learner mismatch.
-            gap = (logp.detach() - old).abs() * mask
-            mismatch_sum += float(gap.sum())
-            mismatch_max = max(mismatch_max, float(gap.max()) if gap.numel() else 0.0)
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.optim_cfg.max_grad_norm))
-        lr = self.scheduler.get_last_lr()[0]  # the rate this update uses
-        stepped = math.isfinite(grad_norm) and math.isfinite(loss_sum)
+            out["loss"] += float(loss.detach())
+            out["clipped"] += float((was_clipped * mask).sum())
+            out["tokens"] += float(mask.sum())
+            gap = (logp.detach() - part.old_logprobs[:, : width - 1].to(self.device)).abs() * mask
+            out["mismatch_sum"] += float(gap.sum())
+            out["mismatch_max"] = max(out["mismatch_max"], float(gap.max()) if gap.numel() else 0.0)
+        out["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.optim_cfg.max_grad_norm))
+        out["lr"] = self.scheduler.get_last_lr()[0]  # the rate this update uses
+        out["sequences"] = float(len(rows))
+        stepped = math.isfinite(out["grad_norm"]) and math.isfinite(out["loss"])
         if stepped:
             self.optimizer.step()
             self.scheduler.step()
         else:
-            log.warning("non-finite loss (%s) or gradient norm (%s): update skipped", loss_sum, grad_norm)
+            log.warning("non-finite loss (%s) or gradient norm (%s): update skipped", out["loss"], out["grad_norm"])
             self.optimizer.zero_grad(set_to_none=True)
-        return {
-            "loss": loss_sum,
-            "kl": kl_sum / norm.tokens if self.ref is not None and norm.tokens else None,
-            "clip_frac": clipped / tokens if tokens else 0.0,
-            "grad_norm": grad_norm,
-            "lr": lr,
-            "learn/sequences": float(len(rows)),
-            "learn/skipped_update": float(not stepped),
-            "mismatch/logprob_abs_mean": mismatch_sum / tokens if tokens else 0.0,
-            "mismatch/logprob_abs_max": mismatch_max,
-        }
+        out["skipped"] = float(not stepped)
+        return out
 
     def save(self, path: Path) -> None:
         """The policy as a Hugging Face folder (safetensors + tokenizer), loadable by transformers and vLLM."""

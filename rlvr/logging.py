@@ -98,6 +98,22 @@ class Logger:
     def write_manifest(self, info: dict[str, Any]) -> None:
         (self.run_dir / "manifest.json").write_text(json.dumps(info, indent=2) + "\n")
 
+    def samples(self, step: int, records: list[dict[str, Any]]) -> None:
+        """Completions with their reward components, appended to samples.jsonl (and a wandb table)."""
+        with open(self.run_dir / "samples.jsonl", "a") as f:
+            for record in records:
+                f.write(json.dumps(record) + "\n")
+        if self.wandb is not None and records:
+            import wandb
+
+            columns = ["step", "answer", "completion", "reward", "correct"]
+            table = wandb.Table(columns=columns, data=[[r[c] for c in columns] for r in records])
+            self.wandb.log({"samples": table}, step=step)
+
+    def write_summary(self, summary: dict[str, Any]) -> None:
+        """summary.json at the end of a run: wall time, eval before and after, the last step's metrics."""
+        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         record = {"step": step, **metrics}
         self.metrics_file.write(json.dumps(record) + "\n")

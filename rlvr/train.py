@@ -9,6 +9,10 @@ Where this departs from the GRPO paper (Shao et al. 2024):
   per-sequence mean is `algorithm.loss_agg=seq_mean_token_mean`.
 - Sequences whose advantage is 0 are not run through the learner when there is no KL term
   (their gradient is exactly 0); they still count in the loss normaliser.
+- DAPO's dynamic sampling draws a whole new batch of prompts per extra round and stops after
+  `max_rounds`, training on the groups it has, instead of looping until the batch is full.
+- Reward and accuracy are logged for the first round of prompts (an unfiltered sample of the
+  policy), whatever dynamic sampling then keeps.
 """
 
 from __future__ import annotations
@@ -25,12 +29,16 @@ from omegaconf import DictConfig
 
 from rlvr import models
 from rlvr.algorithms import advantages
+from rlvr.algorithms.losses import kl_penalty, overlong_penalty
 from rlvr.config import check
+from rlvr.data import Task
+from rlvr.evaluate import greedy, render, sample_record, summarise
 from rlvr.learner import Learner, make_batch
 from rlvr.logging import Logger, manifest
+from rlvr.plot import plot
 from rlvr.rewards import Rewards
 from rlvr.rollout.engine import RolloutEngine, check_canary
-from rlvr.types import Prompt, Rollout
+from rlvr.types import Rollout
 
 log = logging.getLogger("rlvr")
 
@@ -45,33 +53,69 @@ def pick_device(name: str) -> str:
     return name
 
 
-def render(tokenizer, prompt: Prompt) -> list[int]:
-    """Token ids of a prompt through the model's chat template, ready for the assistant's turn."""
-    text = tokenizer.apply_chat_template(prompt.messages, tokenize=False, add_generation_prompt=True)
-    return tokenizer(text, add_special_tokens=False).input_ids
+def collect_groups(task: Task, engine: RolloutEngine, tok, rewards: Rewards, cfg: DictConfig, step: int):
+    """Sample `data.batch_size` prompts, generate a scored group for each, and return
+    (groups to train on, the first round's rollouts, times, extra rounds).
+
+    With DAPO's dynamic sampling, groups whose rewards are all equal (no signal) are dropped and
+    another `batch_size` prompts drawn, for at most `max_rounds` extra rounds; when the bound is
+    hit the step trains on the groups it has (possibly fewer, logged as groups/trained).
+    """
+    P, G = cfg.data.batch_size, cfg.algorithm.group_size
+    dynamic = cfg.algorithm.dynamic_sampling
+    kept: list[list[Rollout]] = []
+    times = {"rollout": 0.0, "reward": 0.0, "tokens": 0}
+    first_round: list[Rollout] = []
+    for round_ in range(1 + (dynamic.max_rounds if dynamic.enabled else 0)):
+        prompts = task.sample(P)
+        # Seeds depend only on (seed, step, round): a step's samples repeat exactly for a seed.
+        seed = random.Random(f"{cfg.seed}-{step}-{round_}").randrange(2**31 - 2**20)
+        t0 = time.perf_counter()
+        rollouts = engine.generate(prompts, [render(tok, p) for p in prompts], n=G, seed=seed)
+        times["rollout"] += time.perf_counter() - t0
+        times["tokens"] += sum(len(r.completion_ids) for r in rollouts)
+        t0 = time.perf_counter()
+        rewards.score(rollouts)
+        times["reward"] += time.perf_counter() - t0
+        groups = [rollouts[i * G : (i + 1) * G] for i in range(P)]
+        if round_ == 0:
+            first_round = rollouts
+        if not dynamic.enabled:
+            return groups, first_round, times, 0
+        kept += [g for g in groups if len({r.reward for r in g}) > 1]
+        if len(kept) >= P:
+            return kept[:P], first_round, times, round_
+    if kept:
+        log.warning("dynamic sampling: %d of %d groups carry a signal after %d extra rounds; training on those",
+                    len(kept), P, dynamic.max_rounds)
+        return kept, first_round, times, dynamic.max_rounds
+    log.warning("dynamic sampling: no group carries a signal after %d extra rounds; this step changes nothing",
+                dynamic.max_rounds)
+    return groups, first_round, times, dynamic.max_rounds
 
 
-def summarise(rollouts: list[Rollout], rewards: Rewards, prefix: str = "") -> dict[str, float]:
-    """Mean reward (total and per term), accuracy, completion length and truncation rate."""
-    n = len(rollouts)
-    out = {f"{prefix}reward/mean": sum(r.reward for r in rollouts) / n}
-    for name in rewards.fns:
-        out[f"{prefix}reward/{name}"] = sum(r.rewards[name] for r in rollouts) / n
-    out[f"{prefix}accuracy"] = sum(rewards.is_correct(r) for r in rollouts) / n
-    out[f"{prefix}completion_len/mean"] = sum(len(r.completion_ids) for r in rollouts) / n
-    out[f"{prefix}truncated_frac"] = sum(r.finish_reason == "length" for r in rollouts) / n
-    return out
-
-
-def evaluate(engine: RolloutEngine, tokenizer, prompts: list[Prompt], rewards: Rewards) -> dict[str, float]:
-    """Greedy decoding on the held-out prompts."""
-    rollouts = engine.generate(prompts, [render(tokenizer, p) for p in prompts], n=1, seed=0, greedy=True)
-    rewards.score(rollouts)
-    return summarise(rollouts, rewards, prefix="eval/")
+def shaped_scores(rollouts: list[Rollout], batch, learner: Learner, cfg: DictConfig):
+    """Rewards [P, G] for the advantages: the task reward, plus DAPO's soft overlong punishment and a
+    KL penalty to the reference model when configured. Returns (scores, metrics of the shaping)."""
+    a = cfg.algorithm
+    scores = torch.tensor([r.reward for r in rollouts])  # [N]
+    metrics = {}
+    if a.overlong.mode == "soft":
+        penalty = overlong_penalty(torch.tensor([len(r.completion_ids) for r in rollouts]),
+                                   cfg.rollout.max_tokens, a.overlong.buffer)
+        scores = scores + penalty
+        metrics["reward/overlong"] = float(penalty.mean())
+    if a.kl.reward_coef > 0:
+        ref = learner.batch_logprobs(batch, reference=True)  # [N, T-1]
+        kl = (kl_penalty(batch.old_logprobs, ref, a.kl.estimator) * batch.loss_mask).sum(dim=1)  # [N]
+        scores = scores - a.kl.reward_coef * kl
+        metrics["kl_reward"] = float(kl.mean())
+    return scores.view(-1, a.group_size), metrics
 
 
 def train(cfg: DictConfig, run_dir: Path) -> dict[str, float]:
     """Run `cfg.trainer.max_steps` RL steps; return the last step's metrics (and the final eval)."""
+    t_start = time.perf_counter()
     # Everything that can fail on bad input fails here, before a model loads.
     check(cfg)
     task = instantiate(cfg.data, seed=cfg.seed, _convert_="all")
@@ -95,30 +139,25 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, float]:
     canary = render(tok, eval_prompts[0]) + tok(CANARY_ANSWER, add_special_tokens=False).input_ids
     try:
         check_canary(engine, learner.sequence_logprobs(canary), canary, cfg.rollout.canary_tol)
-        first_eval = evaluate(engine, tok, eval_prompts, rewards)
+        first_eval = greedy(engine, tok, eval_prompts, rewards)[0]
         logger.log(0, first_eval)
         metrics: dict[str, float] = {}
-        G = cfg.algorithm.group_size
         for step in range(1, cfg.trainer.max_steps + 1):
             t_step = time.perf_counter()
 
-            # 1. prompts, 2. a group of G completions per prompt
-            prompts = task.sample(cfg.data.batch_size)
-            t0 = time.perf_counter()
-            rollouts = engine.generate(prompts, [render(tok, p) for p in prompts], n=G,
-                                       seed=cfg.seed * 1_000_003 + step * 10_007)
-            t_rollout = time.perf_counter() - t0
+            # 1-3. prompts -> a group of G completions each -> rewards (DAPO: keep informative groups)
+            groups, first_round, times, rounds = collect_groups(task, engine, tok, rewards, cfg, step)
+            rollouts = [r for g in groups for r in g]
 
-            # 3. rewards, 4. group-relative advantages
-            t0 = time.perf_counter()
-            rewards.score(rollouts)
-            t_reward = time.perf_counter() - t0
-            scores = torch.tensor([r.reward for r in rollouts]).view(len(prompts), G)  # [P, G]
+            # 4. reward shaping, then group-relative advantages
+            batch = make_batch(rollouts, learner.pad_id, mask_truncated=cfg.algorithm.overlong.mode == "mask")
+            scores, shaping = shaped_scores(rollouts, batch, learner, cfg)  # [P, G]
             adv = advantages.compute(scores, cfg.algorithm.advantage, cfg.algorithm.adv_eps)  # [P, G]
+            batch.advantages = adv.flatten()
 
-            # 5. one policy update
+            # 5. policy update
             t0 = time.perf_counter()
-            learn = learner.step(make_batch(rollouts, adv.flatten().tolist(), learner.pad_id))
+            learn = learner.step(batch)
             t_learn = time.perf_counter() - t0
 
             # 6. new weights into the engine, then prove it serves them
@@ -127,34 +166,44 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, float]:
             t_sync = time.perf_counter() - t0
             canary_diff = check_canary(engine, learner.sequence_logprobs(canary), canary, cfg.rollout.canary_tol)
 
-            # 7. log
-            metrics = summarise(rollouts, rewards)
+            # 7. log: reward and accuracy of the first round, an unfiltered sample of the policy
+            metrics = summarise(first_round, rewards)
             metrics.update(task.metrics())  # the curriculum level these prompts came from
             task.update(metrics["accuracy"])
-            generated = sum(len(r.completion_ids) for r in rollouts)
+            first_scores = torch.tensor([r.reward for r in first_round]).view(-1, cfg.algorithm.group_size)
             metrics.update(learn)
+            metrics.update(shaping)
             metrics.update({
-                "reward/std": float(scores.std()),
+                "reward/std": float(first_scores.std()),
                 "reward/errors": float(rewards.errors),
-                "groups/zero_adv_frac": float((scores.std(dim=1) == 0).float().mean()),
+                "groups/zero_adv_frac": float((first_scores.std(dim=1) == 0).float().mean()),
+                "groups/trained": float(len(groups)),
+                "groups/extra_rounds": float(rounds),
                 "sync/logprob_max_diff": canary_diff,
-                "time/rollout_s": t_rollout,
-                "time/reward_s": t_reward,
+                "time/rollout_s": times["rollout"],
+                "time/reward_s": times["reward"],
                 "time/learn_s": t_learn,
                 "time/sync_s": t_sync,
                 "time/step_s": time.perf_counter() - t_step,
-                "tokens_per_s": generated / t_rollout,
+                "tokens_per_s": times["tokens"] / times["rollout"],
             })
             logger.log(step, metrics)
             if cfg.trainer.eval_every and step % cfg.trainer.eval_every == 0 and step < cfg.trainer.max_steps:
-                logger.log(step, evaluate(engine, tok, eval_prompts, rewards))
-            for r in rollouts[: cfg.trainer.log_samples]:
+                logger.log(step, greedy(engine, tok, eval_prompts, rewards)[0])
+            if cfg.trainer.log_samples:
+                r = rollouts[0]
                 log.info("sample (reward %.2f, answer %s): %r", r.reward, r.prompt.answer, r.text[:300])
+            if cfg.trainer.samples_every and step % cfg.trainer.samples_every == 0:
+                logger.samples(step, [sample_record(r, rewards, step=step)
+                                      for g in groups[: cfg.trainer.log_samples] for r in g])
 
-        final_eval = evaluate(engine, tok, eval_prompts, rewards)
+        final_eval = greedy(engine, tok, eval_prompts, rewards)[0]
         logger.log(cfg.trainer.max_steps, final_eval)
+        logger.write_summary({"steps": cfg.trainer.max_steps, "wall_s": time.perf_counter() - t_start,
+                              "first_eval": first_eval, "final_eval": final_eval, "last_step": metrics})
         log.info("eval accuracy %.3f -> %.3f over %d steps", first_eval["eval/accuracy"],
                  final_eval["eval/accuracy"], cfg.trainer.max_steps)
+        plot([run_dir], run_dir / "curves.png")
         if cfg.trainer.save_model:
             models.build_atomically(run_dir / "model", learner.save)
             log.info("final model: %s", run_dir / "model")

@@ -8,7 +8,16 @@ import pytest
 import torch
 
 from rlvr.algorithms import advantages
-from rlvr.algorithms.losses import Normaliser, aggregate, clipped_surrogate, kl_penalty
+from rlvr.algorithms.losses import (
+    Normaliser,
+    aggregate,
+    clipped_surrogate,
+    kl_penalty,
+    overlong_penalty,
+    sequence_ratio,
+    tis_weight,
+    token_ratio,
+)
 
 
 def test_grpo_advantages_of_a_half_right_group_are_plus_minus_one():
@@ -42,15 +51,15 @@ def test_clipped_surrogate_by_hand():
     logp = torch.tensor([[1.0], [1.0], [-1.0], [0.0]])
     old = torch.zeros(4, 1)
     adv = torch.tensor([1.0, -1.0, -1.0, 2.0])
-    loss, clipped = clipped_surrogate(logp, old, adv, eps_low=0.2, eps_high=0.2)
+    loss, clipped = clipped_surrogate(token_ratio(logp, old), adv, eps_low=0.2, eps_high=0.2)
     assert loss.flatten().tolist() == pytest.approx([-1.2, math.e, 0.8, -2.0])
     assert clipped.flatten().tolist() == [True, False, True, False]
 
 
 def test_clip_higher_only_moves_the_upper_bound():
     # ratio e with A = +1: eps_high 0.28 -> 1.28; ratio 1/e with A = -1: eps_low 0.2 -> 0.8
-    loss, _ = clipped_surrogate(torch.tensor([[1.0], [-1.0]]), torch.zeros(2, 1), torch.tensor([1.0, -1.0]),
-                                eps_low=0.2, eps_high=0.28)
+    ratio = token_ratio(torch.tensor([[1.0], [-1.0]]), torch.zeros(2, 1))
+    loss, _ = clipped_surrogate(ratio, torch.tensor([1.0, -1.0]), eps_low=0.2, eps_high=0.28)
     assert loss.flatten().tolist() == pytest.approx([-1.28, 0.8])
 
 
@@ -81,7 +90,7 @@ def test_aggregation_does_not_depend_on_micro_batching(mode):
     norm = Normaliser(tokens=int(mask.sum()), sequences=6, max_tokens=5)
 
     def loss_of(rows):
-        per_token, _ = clipped_surrogate(logp[rows], old[rows], adv[rows], 0.2, 0.28)
+        per_token, _ = clipped_surrogate(token_ratio(logp[rows], old[rows]), adv[rows], 0.2, 0.28)
         return aggregate(per_token, mask[rows], mode, norm)
 
     whole = loss_of(slice(0, 6))
@@ -90,3 +99,37 @@ def test_aggregation_does_not_depend_on_micro_batching(mode):
     (grad_parts,) = torch.autograd.grad(sum(parts), logp)
     assert sum(parts).item() == pytest.approx(whole.item(), abs=1e-6)
     assert torch.allclose(grad_parts, grad_whole, atol=1e-7)
+
+
+def test_dual_clip_bounds_the_loss_of_negative_advantages():
+    # ratio 10, A = -1: PPO's loss is max(10, 1.2) = 10; dual clip c = 3 bounds it by 3.
+    # ratio 10, A = +1: clipped to 1.2 -> loss -1.2, dual clip does not apply to A > 0.
+    # ratio 2, A = -1: loss 2 < 3, untouched.
+    ratio = torch.tensor([[10.0], [10.0], [2.0]])
+    loss, clipped = clipped_surrogate(ratio, torch.tensor([-1.0, 1.0, -1.0]), 0.2, 0.2, dual_clip=3.0)
+    assert loss.flatten().tolist() == pytest.approx([3.0, -1.2, 2.0])
+    assert clipped.flatten().tolist() == [True, True, False]
+
+
+def test_gspo_sequence_ratio_is_the_geometric_mean_over_the_sequence():
+    # log ratios [1, 0, -0.5 (masked out)] -> mean over the 2 real tokens 0.5 -> ratio e^0.5 on every token
+    logp = torch.tensor([[1.0, 0.0, -0.5]])
+    mask = torch.tensor([[1.0, 1.0, 0.0]])
+    ratio = sequence_ratio(logp, torch.zeros(1, 3), mask)
+    assert ratio.flatten().tolist() == pytest.approx([math.exp(0.5)] * 3)
+    # and one loss per sequence: clipped at 1 + 4e-4 for A = 1
+    loss, _ = clipped_surrogate(ratio, torch.tensor([1.0]), 3e-4, 4e-4)
+    norm = Normaliser(tokens=2, sequences=1, max_tokens=3)
+    assert aggregate(loss, mask, "seq_mean_token_mean", norm).item() == pytest.approx(-1.0004)
+
+
+def test_tis_weight_is_the_capped_ratio_of_learner_to_sampler():
+    # learner - sampler logprob: [ln 0.5, ln 3, 0] -> weights [0.5, min(3, 2) = 2, 1]
+    w = tis_weight(torch.tensor([math.log(0.5), math.log(3.0), 0.0]), torch.zeros(3), cap=2.0)
+    assert w.tolist() == pytest.approx([0.5, 2.0, 1.0])
+
+
+def test_soft_overlong_punishment_by_hand():
+    # max_tokens 20, buffer 4: free up to 16, then -1/4 per token, -1 at 20
+    penalty = overlong_penalty(torch.tensor([10, 16, 17, 19, 20]), max_tokens=20, buffer=4)
+    assert penalty.tolist() == pytest.approx([0.0, 0.0, -0.25, -0.75, -1.0])

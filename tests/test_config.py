@@ -13,7 +13,7 @@ from rlvr.rewards import Rewards
 
 from .conftest import compose_config, run_cli
 
-GROUPS = ["model", "data", "reward", "algorithm", "rollout", "optim", "trainer", "logger"]
+GROUPS = ["model", "data", "reward", "algorithm", "rollout", "optim", "trainer", "logger", "eval"]
 
 
 def _options(group: str) -> list[str]:
@@ -46,10 +46,17 @@ def test_overrides_from_the_contract_apply():
     ("algorithm.loss_agg=token_avg", "algorithm.loss_agg"),
     ("rollout.temperature=0", "rollout.temperature"),
     ("reward.correct_term=nope", "reward.correct_term"),
+    # combinations that make no sense
+    ("algorithm=gspo algorithm.loss_agg=token_mean", "sequence-level ratio"),
+    ("algorithm.kl.coef=0.1 algorithm.kl.reward_coef=0.1", "KL in both the loss"),
+    ("algorithm=dr_grpo algorithm.advantage=grpo", "Dr. GRPO removes the std normalisation"),
+    ("algorithm=dapo algorithm.overlong.buffer=64", "algorithm.overlong.buffer"),
+    ("algorithm.dual_clip=0.5", "algorithm.dual_clip"),
+    ("algorithm.tis_cap=0.5", "algorithm.tis_cap"),
 ])
 def test_nonsense_values_are_rejected_with_the_key(override, key):
     with pytest.raises(ConfigError, match=key):
-        check(compose_config([override]))
+        check(compose_config(override.split()))
 
 
 @pytest.mark.parametrize("override, expected", [

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from rlvr.evaluate import render
 from rlvr.learner import Learner, make_batch, token_logprobs
 from rlvr.rollout.engine import RolloutEngine, WeightSyncError, check_canary
-from rlvr.train import render
 from rlvr.types import Prompt
 
 from .conftest import compose_config
@@ -26,6 +26,12 @@ def parts(cache_dir, tiny_path):
     engine = RolloutEngine(tiny_path, cfg.rollout, cfg.model.dtype, seed=0, device="cpu", cache_dir=cache_dir)
     yield cfg, learner, engine
     engine.close()
+
+
+def _batch(learner, rollouts):
+    batch = make_batch(rollouts, learner.pad_id)
+    batch.advantages = torch.tensor([1.0, -1.0] * (len(rollouts) // 2))
+    return batch
 
 
 def _generate(learner, engine, seed=1):
@@ -49,7 +55,7 @@ def test_one_request_per_prompt_gives_a_group_with_logprobs(parts):
 def test_sampler_logprobs_match_the_learner_at_the_sampling_temperature(parts):
     cfg, learner, engine = parts
     rollouts = _generate(learner, engine, seed=5)
-    batch = make_batch(rollouts, [0.0] * len(rollouts), learner.pad_id)
+    batch = make_batch(rollouts, learner.pad_id)
     with torch.no_grad():
         logp = token_logprobs(learner.model, batch.input_ids, batch.attention_mask, cfg.rollout.temperature)
     gap = ((logp - batch.old_logprobs).abs() * batch.loss_mask).max().item()
@@ -66,9 +72,8 @@ def test_sync_serves_new_weights_and_a_skipped_sync_is_caught(parts):
     for step in range(2):
         before = {k: v.clone() for k, v in learner.named_weights()}
         rollouts = _generate(learner, engine, seed=10 + step)
-        adv = [1.0, -1.0] * (len(rollouts) // 2)
-        stats = learner.step(make_batch(rollouts, adv, learner.pad_id))
-        assert stats["grad_norm"] > 0 and stats["learn/skipped_update"] == 0.0
+        stats = learner.step(_batch(learner, rollouts))
+        assert stats["grad_norm"] > 0 and stats["learn/skipped_updates"] == 0.0
         changed = [k for k, v in learner.named_weights() if not torch.equal(v, before[k])]
         assert changed, "the update changed no parameter"
         engine.load_weights(learner.named_weights())
@@ -76,7 +81,7 @@ def test_sync_serves_new_weights_and_a_skipped_sync_is_caught(parts):
 
     # An update the engine never hears of must stop the run.
     rollouts = _generate(learner, engine, seed=99)
-    learner.step(make_batch(rollouts, [1.0, -1.0] * (len(rollouts) // 2), learner.pad_id))
+    learner.step(_batch(learner, rollouts))
     with pytest.raises(WeightSyncError, match="not serving the learner's weights"):
         check_canary(engine, learner.sequence_logprobs(canary), canary, tol)
     engine.load_weights(learner.named_weights())  # and a real sync mends it

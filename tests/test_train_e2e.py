@@ -25,7 +25,7 @@ def _metrics(run_dir):
 def test_two_steps_train_sync_and_write_every_output(tmp_path, cache_dir, tiny_path):
     run_dir = tmp_path / "run"
     result = run_cli(["train", *SMALL, "reward=digits", "optim.lr=1e-3", "trainer.max_steps=2",
-                      "logger=wandb", "logger.mode=offline", f"hydra.run.dir={run_dir}"], cache=cache_dir)
+                      "trainer.samples_every=1", "logger=wandb", "logger.mode=offline", f"hydra.run.dir={run_dir}"], cache=cache_dir)
     assert result.returncode == 0, result.stderr[-3000:]
 
     records = _metrics(run_dir)
@@ -44,13 +44,39 @@ def test_two_steps_train_sync_and_write_every_output(tmp_path, cache_dir, tiny_p
     assert manifest["seed"] == 0 and manifest["model_path"] == str(tiny_path)
     assert "lr: 0.001" in (run_dir / "config.yaml").read_text()
     assert list((run_dir / "wandb").glob("offline-run-*"))
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["steps"] == 2 and summary["wall_s"] > 0 and "eval/accuracy" in summary["final_eval"]
+
+    # `rlvr plot` draws the curves of this run into a PNG.
+    plotted = run_cli(["plot", str(run_dir)], cache=cache_dir, timeout=120)
+    assert plotted.returncode == 0, plotted.stderr[-2000:]
+    png = run_dir / "curves.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
 
     # The final model is a Hugging Face folder with different weights from the start.
     before, after = load_file(tiny_path / "model.safetensors"), load_file(run_dir / "model" / "model.safetensors")
     assert before.keys() == after.keys()
     assert any(not torch.equal(before[k], after[k]) for k in before)
 
-    # ... that transformers and vLLM load as is, and agree on.
+    # `rlvr eval` on the trained model: greedy accuracy, pass@k, every sample written out.
+    evaluated = run_cli(["eval", *SMALL, "reward=digits", "model=local", f"model.path={run_dir / 'model'}",
+                         "eval.n_samples=4", f"hydra.run.dir={tmp_path / 'eval'}"], cache=cache_dir)
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    report = json.loads((tmp_path / "eval" / "eval.json").read_text())
+    for key in ["eval/accuracy", "eval/pass@1", "eval/pass@4", "eval/mean@4", "eval/reward/digits",
+                "eval/completion_len/mean", "eval/truncated_frac"]:
+        assert key in report, key
+    assert report["eval/pass@1"] == pytest.approx(report["eval/mean@4"])  # pass@1 is the mean accuracy
+    samples = [json.loads(x) for x in (tmp_path / "eval" / "eval_samples.jsonl").read_text().splitlines()]
+    assert [s["decoding"] for s in samples] == ["greedy"] * 4 + ["sampled"] * 16
+    assert "eval/pass@4" in evaluated.stdout  # the printed table
+
+    # samples.jsonl: each step, the groups of the first log_samples (2) prompts, with reward components
+    samples = [json.loads(x) for x in (run_dir / "samples.jsonl").read_text().splitlines()]
+    assert [s["step"] for s in samples] == [1] * 8 + [2] * 8
+    assert all("digits" in s["rewards"] and s["completion"] is not None for s in samples)
+
+    # ... and the model folder is one that transformers and vLLM load as is, and agree on.
     from transformers import AutoModelForCausalLM
 
     from rlvr.rollout.engine import RolloutEngine
@@ -78,3 +104,25 @@ def test_multirun_makes_one_run_dir_per_value(tmp_path, cache_dir):
     assert ["lr: 1.0e-05" in (p / "config.yaml").read_text() for p in runs] == [True, False]
     for p in runs:
         assert [r["step"] for r in _metrics(p)] == [0, 1, 1]
+    # the sweep summary: one row per run, the differing override named
+    rows = (sweep / "sweep_summary.csv").read_text().splitlines()
+    assert rows[0].startswith("run,overrides,final_reward,eval_accuracy")
+    assert sorted(r.split(",")[1] for r in rows[1:]) == ["optim.lr=1e-05", "optim.lr=1e-06"]
+    assert "sweep_summary.csv" in result.stdout + result.stderr
+
+
+def test_every_knob_at_once_runs_end_to_end(tmp_path, cache_dir):
+    run_dir = tmp_path / "run"
+    result = run_cli(["train", *SMALL, "reward=digits", "optim.lr=1e-3", "trainer.max_steps=2",
+                      "trainer.save_model=false", "algorithm=dapo", "algorithm.kl.reward_coef=0.1",
+                      "algorithm.overlong.buffer=4", "algorithm.tis_cap=2.0", "algorithm.ppo_epochs=2",
+                      "algorithm.mini_batches=2", "algorithm.dual_clip=3.0", f"hydra.run.dir={run_dir}"],
+                     cache=cache_dir)
+    assert result.returncode == 0, result.stderr[-3000:]
+    steps = [r for r in _metrics(run_dir) if "time/step_s" in r]
+    assert len(steps) == 2
+    for r in steps:
+        assert r["learn/optimizer_steps"] == 4
+        assert r["kl_reward"] >= 0 and r["reward/overlong"] <= 0
+        assert r["mismatch/logprob_abs_max"] < 1e-3
+        assert r["sync/logprob_max_diff"] <= 1e-3

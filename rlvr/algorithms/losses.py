@@ -13,26 +13,59 @@ from dataclasses import dataclass
 import torch
 
 
+def token_ratio(logp: torch.Tensor, old_logp: torch.Tensor) -> torch.Tensor:
+    """Per-token probability ratio pi / pi_old, [N, T] (PPO, Schulman et al. 2017, Eq. 6)."""
+    return torch.exp(logp - old_logp)
+
+
+def sequence_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """GSPO's sequence-level ratio (Zheng et al. 2025, arXiv:2507.18071, Eq. 7), the geometric mean of the
+    token ratios: s_i = exp(mean_t (logp - old_logp)), broadcast to every token of the sequence, [N, T]."""
+    lengths = mask.sum(dim=1).clamp(min=1)  # [N]
+    mean_log_ratio = ((logp - old_logp) * mask).sum(dim=1) / lengths  # [N]
+    return torch.exp(mean_log_ratio)[:, None].expand_as(logp)
+
+
 def clipped_surrogate(
-    logp: torch.Tensor,  # [N, T] learner logprobs of the sampled tokens
-    old_logp: torch.Tensor,  # [N, T] logprobs of the policy that sampled them
+    ratio: torch.Tensor,  # [N, T] pi / pi_old (token_ratio or sequence_ratio)
     advantages: torch.Tensor,  # [N]
     eps_low: float,
     eps_high: float,
+    dual_clip: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """PPO clipped objective (Schulman et al. 2017, Eq. 7), negated as a loss, per token:
     -min(ratio * A, clip(ratio, 1 - eps_low, 1 + eps_high) * A).
 
-    With eps_low != eps_high this is DAPO's clip-higher (Yu et al. 2025, Eq. 10).
-    Returns (loss [N, T], clipped [N, T]) where `clipped` marks tokens whose gradient the
-    clip removed.
+    With eps_low != eps_high this is DAPO's clip-higher (Yu et al. 2025, arXiv:2503.14476, Eq. 10).
+    `dual_clip` = c > 1 also bounds the loss of negative advantages by -c * A (Ye et al. 2020,
+    arXiv:1912.09729, Eq. 5), so a huge ratio on a bad sample cannot dominate the batch.
+    Returns (loss [N, T], clipped [N, T]) where `clipped` marks tokens whose gradient a clip removed.
     """
-    ratio = torch.exp(logp - old_logp)  # [N, T]
     adv = advantages[:, None]  # [N, 1]
     unclipped = ratio * adv
-    clipped = torch.clamp(ratio, 1 - eps_low, 1 + eps_high) * adv
-    loss = -torch.minimum(unclipped, clipped)
-    return loss, (clipped < unclipped)
+    clipped_obj = torch.clamp(ratio, 1 - eps_low, 1 + eps_high) * adv
+    loss = -torch.minimum(unclipped, clipped_obj)
+    was_clipped = clipped_obj < unclipped
+    if dual_clip is not None:
+        bound = (-dual_clip * adv).expand_as(loss)
+        dual = (adv < 0) & (loss > bound)
+        loss = torch.where(dual, bound, loss)
+        was_clipped = was_clipped | dual
+    return loss, was_clipped
+
+
+def tis_weight(learner_old_logp: torch.Tensor, sampler_logp: torch.Tensor, cap: float) -> torch.Tensor:
+    """Truncated importance sampling between the sampler (vLLM) and the learner (Yao et al. 2025,
+    "Your efficient RL framework secretly brings you off-policy RL training", Eq. 3):
+    min(pi_learner_old / pi_sampler, cap) per token, [N, T]; a constant (no gradient)."""
+    return torch.exp(learner_old_logp - sampler_logp).clamp(max=cap).detach()
+
+
+def overlong_penalty(lengths: torch.Tensor, max_tokens: int, buffer: int) -> torch.Tensor:
+    """DAPO's soft overlong punishment (Yu et al. 2025, Eq. 13), per completion length [N]:
+    0 up to max_tokens - buffer, then falling linearly to -1 at max_tokens (and -1 beyond)."""
+    start = max_tokens - buffer
+    return ((start - lengths.float()) / buffer).clamp(min=-1.0, max=0.0)
 
 
 def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str) -> torch.Tensor:

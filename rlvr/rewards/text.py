@@ -5,16 +5,16 @@ from __future__ import annotations
 from rlvr.types import Prompt
 
 
-def starts_with(completion: str, prompt: Prompt, prefix: str) -> float:
-    """1.0 when the completion starts with `prefix` (leading whitespace ignored), else 0.0.
-
-    A task even a random tiny model can learn by RL alone, for tests and sanity checks.
+def starts_with(completion: str, prompt: Prompt, prefix: str | list[str]) -> float:
+    """1.0 when the completion starts with `prefix` (or any of a list of them; leading whitespace
+    ignored), else 0.0. A task even a random tiny model can learn by RL alone, for tests.
 
     >>> p = Prompt(messages=[], answer="")
-    >>> starts_with(" 7 is it", p, "7"), starts_with("it is 7", p, "7")
-    (1.0, 0.0)
+    >>> starts_with(" 7 is it", p, "7"), starts_with("it is 7", p, "7"), starts_with("9", p, ["7", "9"])
+    (1.0, 0.0, 1.0)
     """
-    return float(completion.lstrip().startswith(prefix))
+    prefixes = prefix if isinstance(prefix, str) else tuple(prefix)
+    return float(completion.lstrip().startswith(prefixes))
 
 
 def digit_fraction(completion: str, prompt: Prompt) -> float:

@@ -36,11 +36,19 @@ def _vllm_environment(cache_dir: Path) -> None:
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
 
-class _DropRotaryWarning(logging.Filter):
-    """vLLM warns on every weight reload that RotaryEmbedding loaded no weights; it has none to load."""
+class _DropHarmlessWarnings(logging.Filter):
+    """Warnings vLLM repeats that say nothing to an rlvr user: on every weight reload, that
+    RotaryEmbedding loaded no weights (it has none); on CPU, that its own later
+    torch.set_num_threads calls are skipped after it pinned its threads."""
+
+    HARMLESS = ("RotaryEmbedding: Failed to load weights", "doesn't allow to use `torch.set_num_threads`")
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return "RotaryEmbedding: Failed to load weights" not in record.getMessage()
+        message = record.getMessage()
+        return not any(h in message for h in self.HARMLESS)
+
+
+_HARMLESS = _DropHarmlessWarnings()  # one instance: addFilter ignores it when already there
 
 
 class RolloutEngine:
@@ -50,7 +58,8 @@ class RolloutEngine:
         _vllm_environment(Path(cache_dir))
         from vllm import LLM  # imported late: importing vllm is slow and reads the environment above
 
-        logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").addFilter(_DropRotaryWarning())
+        for name in ("vllm.model_executor.model_loader.reload.layerwise", "vllm.v1.worker.cpu_worker"):
+            logging.getLogger(name).addFilter(_HARMLESS)
         self.cfg = cfg
         kwargs = {}
         if device == "cpu":

@@ -1,0 +1,134 @@
+"""Evaluation on a task's held-out prompts: greedy accuracy (also during training) and, for
+`rlvr eval`, sampled pass@k / mean@k with every sample written out."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+
+import torch
+from hydra.utils import instantiate
+from omegaconf import DictConfig
+from rich.console import Console
+from rich.table import Table
+
+from rlvr import models
+from rlvr.config import check
+from rlvr.rewards import Rewards
+from rlvr.types import Prompt, Rollout
+
+log = logging.getLogger("rlvr")
+
+
+def render(tokenizer, prompt: Prompt) -> list[int]:
+    """Token ids of a prompt through the model's chat template, ready for the assistant's turn."""
+    text = tokenizer.apply_chat_template(prompt.messages, tokenize=False, add_generation_prompt=True)
+    return tokenizer(text, add_special_tokens=False).input_ids
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from n samples of which c are correct (Chen et al. 2021, arXiv:2107.03374, Eq. 1):
+    1 - C(n - c, k) / C(n, k), computed as a stable product.
+
+    >>> pass_at_k(4, 1, 1), pass_at_k(4, 1, 2), pass_at_k(4, 0, 4), pass_at_k(4, 3, 2)
+    (0.25, 0.5, 0.0, 1.0)
+    """
+    if not 0 < k <= n:
+        raise ValueError(f"pass@k needs 0 < k <= n, got k={k}, n={n}")
+    if n - c < k:
+        return 1.0
+    miss = 1.0
+    for i in range(n - c + 1, n + 1):
+        miss *= 1.0 - k / i
+    return 1.0 - miss
+
+
+def summarise(rollouts: list[Rollout], rewards: Rewards, prefix: str = "") -> dict[str, float]:
+    """Mean reward (total and per term), accuracy, completion length and truncation rate."""
+    n = len(rollouts)
+    out = {f"{prefix}reward/mean": sum(r.reward for r in rollouts) / n}
+    for name in rewards.fns:
+        out[f"{prefix}reward/{name}"] = sum(r.rewards[name] for r in rollouts) / n
+    out[f"{prefix}accuracy"] = sum(rewards.is_correct(r) for r in rollouts) / n
+    out[f"{prefix}completion_len/mean"] = sum(len(r.completion_ids) for r in rollouts) / n
+    out[f"{prefix}truncated_frac"] = sum(r.finish_reason == "length" for r in rollouts) / n
+    return out
+
+
+def greedy(engine, tokenizer, prompts: list[Prompt], rewards: Rewards) -> tuple[dict[str, float], list[Rollout]]:
+    """Greedy decoding on `prompts`: (eval/… metrics, the scored rollouts)."""
+    rollouts = engine.generate(prompts, [render(tokenizer, p) for p in prompts], n=1, seed=0, greedy=True)
+    rewards.score(rollouts)
+    return summarise(rollouts, rewards, prefix="eval/"), rollouts
+
+
+def sampled(engine, tokenizer, prompts: list[Prompt], rewards: Rewards, n: int, ks: list[int],
+            seed: int) -> tuple[dict[str, float], list[Rollout]]:
+    """`n` samples per prompt at the rollout temperature: pass@k for each k <= n, and mean@n
+    (the share of all samples that are correct)."""
+    rollouts = engine.generate(prompts, [render(tokenizer, p) for p in prompts], n=n, seed=seed)
+    rewards.score(rollouts)
+    correct = [sum(rewards.is_correct(r) for r in rollouts[i * n : (i + 1) * n]) for i in range(len(prompts))]
+    out = summarise(rollouts, rewards, prefix="eval_sampled/")
+    for k in ks:
+        if k <= n:
+            out[f"eval/pass@{k}"] = sum(pass_at_k(n, c, k) for c in correct) / len(prompts)
+    out[f"eval/mean@{n}"] = sum(correct) / (n * len(prompts))
+    return out, rollouts
+
+
+def sample_record(r: Rollout, rewards: Rewards, **extra) -> dict:
+    """One completion as a JSON-ready record, with its reward components."""
+    return {**extra, "messages": r.prompt.messages, "answer": r.prompt.answer, "completion": r.text,
+            "rewards": r.rewards, "reward": r.reward, "correct": rewards.is_correct(r),
+            "finish_reason": r.finish_reason, "tokens": len(r.completion_ids)}
+
+
+def run_eval(cfg: DictConfig, run_dir: Path) -> dict[str, float]:
+    """`rlvr eval`: the model of `cfg.model` on the task's held-out prompts. Writes eval.json and
+    eval_samples.jsonl into `run_dir` and prints a table."""
+    from transformers import AutoTokenizer
+
+    from rlvr.rollout.engine import RolloutEngine
+    from rlvr.train import pick_device
+
+    check(cfg)
+    task = instantiate(cfg.data, seed=cfg.seed, _convert_="all")
+    rewards = Rewards(cfg.reward)
+    model_path = models.resolve(cfg.model)
+    device = pick_device(cfg.trainer.device)
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    prompts = task.eval_prompts()
+    start = time.perf_counter()
+    engine = RolloutEngine(model_path, cfg.rollout, cfg.model.dtype, cfg.seed, device, Path(cfg.cache_dir))
+    try:
+        metrics, greedy_rollouts = greedy(engine, tokenizer, prompts, rewards)
+        sampled_rollouts: list[Rollout] = []
+        if cfg.eval.n_samples > 0:
+            more, sampled_rollouts = sampled(engine, tokenizer, prompts, rewards, cfg.eval.n_samples,
+                                             list(cfg.eval.ks), cfg.seed)
+            metrics.update(more)
+    finally:
+        engine.close()
+    metrics = {"model_path": str(model_path), "prompts": len(prompts), "wall_s": time.perf_counter() - start,
+               **metrics}
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "eval.json").write_text(json.dumps(metrics, indent=2) + "\n")
+    with open(run_dir / "eval_samples.jsonl", "w") as f:
+        for r in greedy_rollouts:
+            f.write(json.dumps(sample_record(r, rewards, decoding="greedy")) + "\n")
+        for r in sampled_rollouts:
+            f.write(json.dumps(sample_record(r, rewards, decoding="sampled")) + "\n")
+    table = Table(title=f"rlvr eval: {model_path} ({len(prompts)} held-out prompts)")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for key, value in metrics.items():
+        if isinstance(value, float) and key != "wall_s":
+            table.add_row(key, f"{value:.4f}")
+    Console().print(table)
+    log.info("wrote %s and %s", run_dir / "eval.json", run_dir / "eval_samples.jsonl")
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return metrics

@@ -1,0 +1,100 @@
+"""`rlvr plot RUN_DIR [RUN_DIR ...]`: training curves from metrics.jsonl, runs overlaid, as one PNG.
+
+Panels: reward, training accuracy, held-out eval accuracy, completion length, KL, clip fraction,
+engine/learner mismatch, and the step-time breakdown (of the first run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+PANELS = [
+    ("reward/mean", "reward (mean)"),
+    ("accuracy", "training accuracy"),
+    ("eval/accuracy", "eval accuracy (greedy, held out)"),
+    ("completion_len/mean", "completion length (tokens)"),
+    ("kl", "KL to reference"),
+    ("clip_frac", "clipped token fraction"),
+    ("mismatch/logprob_abs_mean", "|learner - sampler| logprob"),
+]
+TIMES = ["time/rollout_s", "time/reward_s", "time/learn_s", "time/sync_s"]
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist: is {run_dir} a run dir of `rlvr train`?")
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _overrides(run_dir: Path) -> list[str]:
+    """The run's command-line overrides, as Hydra recorded them (none for a run made otherwise)."""
+    path = run_dir / ".hydra" / "overrides.yaml"
+    if not path.is_file():
+        return []
+    return [x.strip()[2:] for x in path.read_text().splitlines() if x.strip().startswith("- ")]
+
+
+def run_labels(run_dirs: list[Path]) -> list[str]:
+    """Name each run by the overrides that differ between the runs, else by its folder."""
+    overrides = [_overrides(d) for d in run_dirs]
+    common = set.intersection(*(set(o) for o in overrides)) if len(run_dirs) > 1 else set()
+    labels = [" ".join(x for x in o if x not in common) for o in overrides]
+    return [label or f"{d.parent.name}/{d.name}" for label, d in zip(labels, run_dirs, strict=True)]
+
+
+def series(records: list[dict], key: str) -> tuple[list[int], list[float]]:
+    points = [(r["step"], r[key]) for r in records if r.get(key) is not None]
+    return [p[0] for p in points], [p[1] for p in points]
+
+
+def plot(run_dirs: list[Path], out: Path) -> Path:
+    """Draw the curves of `run_dirs` into the PNG file `out`."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, no screen
+    import matplotlib.pyplot as plt
+
+    runs = list(zip(run_labels(run_dirs), [read_metrics(d) for d in run_dirs], strict=True))
+    fig, axes = plt.subplots(2, 4, figsize=(18, 8), constrained_layout=True)
+    for ax, (key, title) in zip(axes.flat, PANELS, strict=False):
+        for label, records in runs:
+            steps, values = series(records, key)
+            if values:
+                ax.plot(steps, values, marker="o" if key.startswith("eval/") else None, markersize=3, label=label)
+        ax.set_title(title)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+    ax = axes.flat[len(PANELS)]
+    label, records = runs[0]
+    bottom = None
+    for key in TIMES:
+        steps, values = series(records, key)
+        if values:
+            ax.bar(steps, values, bottom=bottom, label=key.removeprefix("time/").removesuffix("_s"))
+            bottom = values if bottom is None else [b + v for b, v in zip(bottom, values, strict=True)]
+    ax.set_title("seconds per step" + (f" ({label})" if len(runs) > 1 else ""))
+    ax.set_xlabel("step")
+    ax.legend(fontsize=8)
+    handles, names = axes.flat[0].get_legend_handles_labels()
+    fig.legend(handles, names, loc="outside lower center", ncol=min(len(names), 4), fontsize=9)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=80)
+    plt.close(fig)
+    return out
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="rlvr plot", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("run_dirs", nargs="+", type=Path, help="run dirs holding metrics.jsonl")
+    parser.add_argument("--out", type=Path, default=None, help="PNG file (default: <first run dir>/curves.png)")
+    args = parser.parse_args(argv)
+    try:
+        out = plot(args.run_dirs, args.out or args.run_dirs[0] / "curves.png")
+    except FileNotFoundError as e:
+        parser.error(str(e))
+    print(out)
+    return 0

@@ -1,0 +1,72 @@
+"""After a Hydra multirun: a table of each run's overrides against its results.
+
+Registered as a Hydra callback in configs/train.yaml; writes `sweep_summary.csv` into the sweep
+dir and prints the table, sorted by final eval accuracy (best first).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig
+from rich.console import Console
+from rich.table import Table
+
+log = logging.getLogger("rlvr")
+
+
+def _overrides(run_dir: Path) -> list[str]:
+    path = run_dir / ".hydra" / "overrides.yaml"
+    if not path.is_file():
+        return []
+    return [x.strip()[2:] for x in path.read_text().splitlines() if x.strip().startswith("- ")]
+
+
+def summarise_sweep(sweep_dir: Path) -> list[dict[str, Any]]:
+    """One row per finished run under `sweep_dir`: the overrides that differ between runs, final
+    reward, final eval accuracy and wall time; sorted by eval accuracy, best first."""
+    runs = sorted((p for p in sweep_dir.iterdir() if (p / "summary.json").is_file()), key=lambda p: p.name)
+    overrides = {run: _overrides(run) for run in runs}
+    common = set.intersection(*(set(o) for o in overrides.values())) if runs else set()
+    rows = []
+    for run in runs:
+        summary = json.loads((run / "summary.json").read_text())
+        rows.append({
+            "run": run.name,
+            "overrides": " ".join(o for o in overrides[run] if o not in common),
+            "final_reward": summary["last_step"].get("reward/mean"),
+            "eval_accuracy": summary["final_eval"].get("eval/accuracy"),
+            "eval_accuracy_start": summary["first_eval"].get("eval/accuracy"),
+            "wall_s": round(summary["wall_s"], 1),
+        })
+    rows.sort(key=lambda r: -(r["eval_accuracy"] or 0.0))
+    return rows
+
+
+class SweepSummary(Callback):
+    """Hydra callback: the summary table at the end of a multirun."""
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        sweep_dir = Path(config.hydra.sweep.dir)
+        if not sweep_dir.is_dir():
+            return
+        rows = summarise_sweep(sweep_dir)
+        if not rows:
+            log.warning("sweep %s: no run finished, no summary written", sweep_dir)
+            return
+        with open(sweep_dir / "sweep_summary.csv", "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
+        table = Table(title=f"sweep {sweep_dir} ({len(rows)} runs, best eval accuracy first)")
+        for column in rows[0]:
+            table.add_column(column, justify="left" if column in ("run", "overrides") else "right")
+        for row in rows:
+            table.add_row(*("" if v is None else f"{v:.3f}" if isinstance(v, float) else str(v) for v in row.values()))
+        Console().print(table)
+        log.info("sweep summary: %s", sweep_dir / "sweep_summary.csv")
