@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import logging
 import sys
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from rlvr.config import register
+from rlvr.errors import RlvrError
 
 CONFIG_DIR = str(Path(__file__).resolve().parent.parent / "configs")
 
@@ -41,19 +43,27 @@ examples:
 """
 
 
+def _reported(run, cfg: DictConfig) -> float | None:
+    """Run `run(cfg, run_dir)`; a user's error (RlvrError) is printed alone, without a traceback."""
+    try:
+        return run(cfg, Path(HydraConfig.get().runtime.output_dir)).get("eval/accuracy")
+    except RlvrError as e:
+        logging.getLogger("rlvr").error("%s", e)
+        sys.exit(1)
+
+
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="train")
 def _train(cfg: DictConfig) -> float | None:
     from rlvr.train import train  # heavy imports (torch, transformers) after the config composed
 
-    metrics = train(cfg, Path(HydraConfig.get().runtime.output_dir))
-    return metrics.get("eval/accuracy")
+    return _reported(train, cfg)
 
 
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="train")
 def _eval(cfg: DictConfig) -> float | None:
     from rlvr.evaluate import run_eval
 
-    return run_eval(cfg, Path(HydraConfig.get().runtime.output_dir)).get("eval/accuracy")
+    return _reported(run_eval, cfg)
 
 
 def _plot() -> None:

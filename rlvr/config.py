@@ -19,6 +19,8 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig
 
+from rlvr.errors import RlvrError
+
 
 @dataclass
 class ModelConfig:
@@ -126,6 +128,11 @@ class TrainerConfig:
     save_model: bool = True
     log_samples: int = 2
     samples_every: int = 5
+    save_every: int = 0
+    keep_last: int = 2
+    resume: str | None = None
+    overwrite: bool = False
+    max_bad_steps: int = 3
 
 
 @dataclass
@@ -176,7 +183,7 @@ def register() -> None:
     cs.store(group="data", name="multiplication_schema", node=MultiplicationDataConfig)
 
 
-class ConfigError(ValueError):
+class ConfigError(RlvrError, ValueError):
     """A config that composes but makes no sense; the message names the key."""
 
 
@@ -228,6 +235,9 @@ def check(cfg: DictConfig) -> None:
     need(0 < r.top_p <= 1, "rollout.top_p", "must be in (0, 1]")
     need(r.max_tokens >= 1, "rollout.max_tokens", "must be >= 1")
     need(cfg.trainer.max_steps >= 0, "trainer.max_steps", "must be >= 0")
+    need(cfg.trainer.save_every >= 0 and cfg.trainer.keep_last >= 0, "trainer.save_every",
+         "save_every and keep_last must be >= 0")
+    need(cfg.trainer.max_bad_steps >= 1, "trainer.max_bad_steps", "must be >= 1")
     need(cfg.trainer.micro_batch_size >= 1, "trainer.micro_batch_size", "must be >= 1")
     need(cfg.model.dtype in DTYPES, "model.dtype", f"must be one of {DTYPES}")
     need(cfg.trainer.device in DEVICES, "trainer.device", f"must be one of {DEVICES}")

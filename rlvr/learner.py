@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import logging
 import math
 from collections.abc import Iterator
@@ -61,19 +60,27 @@ class Learner:
     """A transformers causal LM trained with AdamW; a frozen copy serves as the KL reference when used."""
 
     def __init__(self, model_path: Path, model_cfg: DictConfig, optim: DictConfig, algorithm: DictConfig,
-                 trainer: DictConfig, temperature: float, max_tokens: int, device: str):
+                 trainer: DictConfig, temperature: float, max_tokens: int, device: str,
+                 reference_path: Path | None = None):
+        """`model_path`: the policy to train (a resumed run's checkpoint); `reference_path`: the initial
+        model a KL term is measured against (default: `model_path`)."""
         try:
             self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, model_cfg.dtype))
         except (OSError, ValueError) as e:
             raise ModelError(f"model.path={str(model_path)!r} cannot be loaded as a causal LM: {e}") from e
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        if self.tokenizer.chat_template is None:
+            raise ModelError(f"the tokenizer of model.path={str(model_path)!r} has no chat template; the task's "
+                             "prompts are chat messages. Use an instruct/chat model or add a chat_template.")
         self.device = device
         self.model.to(device).train()
         self.algo, self.optim_cfg, self.trainer = algorithm, optim, trainer
         self.temperature, self.max_tokens = temperature, max_tokens
         self.ref = None
         if algorithm.kl.coef > 0 or algorithm.kl.reward_coef > 0:  # only built when used
-            self.ref = copy.deepcopy(self.model).eval().requires_grad_(False)
+            self.ref = AutoModelForCausalLM.from_pretrained(reference_path or model_path,
+                                                            dtype=getattr(torch, model_cfg.dtype))
+            self.ref.to(device).eval().requires_grad_(False)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=optim.lr, betas=tuple(optim.betas),
                                            weight_decay=optim.weight_decay)
         warmup = optim.warmup_steps

@@ -10,6 +10,7 @@ import json
 import logging
 import platform
 import subprocess
+import sys
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,18 @@ from rich.progress import (
 )
 
 log = logging.getLogger("rlvr")
+
+
+def console_handler() -> logging.Handler:
+    """The console's log handler (configs/hydra/job_logging/rich.yaml): rich on a terminal, so the
+    progress bar and the lines share the screen; plain unwrapped lines when piped to a file or CI."""
+    if sys.stderr.isatty():
+        from rich.logging import RichHandler
+
+        return RichHandler(show_path=False, markup=False)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("[%(asctime)s][%(levelname)s] %(message)s", "%H:%M:%S"))
+    return handler
 
 
 def _version(*dists: str) -> str | None:
@@ -109,6 +122,12 @@ class Logger:
             columns = ["step", "answer", "completion", "reward", "correct"]
             table = wandb.Table(columns=columns, data=[[r[c] for c in columns] for r in records])
             self.wandb.log({"samples": table}, step=step)
+
+    def first_record(self) -> dict[str, Any]:
+        """The evaluation logged before the first step (for a resumed run's summary)."""
+        with open(self.run_dir / "metrics.jsonl") as f:
+            first = json.loads(f.readline())
+        return {k: v for k, v in first.items() if k != "step"}
 
     def write_summary(self, summary: dict[str, Any]) -> None:
         """summary.json at the end of a run: wall time, eval before and after, the last step's metrics."""

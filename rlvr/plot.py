@@ -29,20 +29,22 @@ def read_metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def _overrides(run_dir: Path) -> list[str]:
-    """The run's command-line overrides, as Hydra recorded them (none for a run made otherwise)."""
-    path = run_dir / ".hydra" / "overrides.yaml"
-    if not path.is_file():
-        return []
-    return [x.strip()[2:] for x in path.read_text().splitlines() if x.strip().startswith("- ")]
+def differing_overrides(run_dirs: list[Path]) -> list[str]:
+    """For each run, the command-line overrides (as Hydra recorded them in .hydra/overrides.yaml)
+    that not every run shares; all of them when there is one run."""
+    overrides = []
+    for d in run_dirs:
+        path = d / ".hydra" / "overrides.yaml"
+        lines = path.read_text().splitlines() if path.is_file() else []
+        overrides.append([x.strip()[2:] for x in lines if x.strip().startswith("- ")])
+    common = set.intersection(*(set(o) for o in overrides)) if len(run_dirs) > 1 else set()
+    return [" ".join(x for x in o if x not in common) for o in overrides]
 
 
 def run_labels(run_dirs: list[Path]) -> list[str]:
     """Name each run by the overrides that differ between the runs, else by its folder."""
-    overrides = [_overrides(d) for d in run_dirs]
-    common = set.intersection(*(set(o) for o in overrides)) if len(run_dirs) > 1 else set()
-    labels = [" ".join(x for x in o if x not in common) for o in overrides]
-    return [label or f"{d.parent.name}/{d.name}" for label, d in zip(labels, run_dirs, strict=True)]
+    return [label or f"{d.parent.name}/{d.name}"
+            for label, d in zip(differing_overrides(run_dirs), run_dirs, strict=True)]
 
 
 def series(records: list[dict], key: str) -> tuple[list[int], list[float]]:
@@ -60,10 +62,14 @@ def plot(run_dirs: list[Path], out: Path) -> Path:
     runs = list(zip(run_labels(run_dirs), [read_metrics(d) for d in run_dirs], strict=True))
     fig, axes = plt.subplots(2, 4, figsize=(18, 8), constrained_layout=True)
     for ax, (key, title) in zip(axes.flat, PANELS, strict=False):
+        drawn = False
         for label, records in runs:
             steps, values = series(records, key)
             if values:
                 ax.plot(steps, values, marker="o" if key.startswith("eval/") else None, markersize=3, label=label)
+                drawn = True
+        if not drawn:
+            ax.text(0.5, 0.5, "not logged in these runs", ha="center", va="center", transform=ax.transAxes)
         ax.set_title(title)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)

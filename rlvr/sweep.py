@@ -17,28 +17,21 @@ from omegaconf import DictConfig
 from rich.console import Console
 from rich.table import Table
 
+from rlvr.plot import differing_overrides
+
 log = logging.getLogger("rlvr")
-
-
-def _overrides(run_dir: Path) -> list[str]:
-    path = run_dir / ".hydra" / "overrides.yaml"
-    if not path.is_file():
-        return []
-    return [x.strip()[2:] for x in path.read_text().splitlines() if x.strip().startswith("- ")]
 
 
 def summarise_sweep(sweep_dir: Path) -> list[dict[str, Any]]:
     """One row per finished run under `sweep_dir`: the overrides that differ between runs, final
     reward, final eval accuracy and wall time; sorted by eval accuracy, best first."""
     runs = sorted((p for p in sweep_dir.iterdir() if (p / "summary.json").is_file()), key=lambda p: p.name)
-    overrides = {run: _overrides(run) for run in runs}
-    common = set.intersection(*(set(o) for o in overrides.values())) if runs else set()
     rows = []
-    for run in runs:
+    for run, overrides in zip(runs, differing_overrides(runs), strict=True):
         summary = json.loads((run / "summary.json").read_text())
         rows.append({
             "run": run.name,
-            "overrides": " ".join(o for o in overrides[run] if o not in common),
+            "overrides": overrides,
             "final_reward": summary["last_step"].get("reward/mean"),
             "eval_accuracy": summary["final_eval"].get("eval/accuracy"),
             "eval_accuracy_start": summary["first_eval"].get("eval/accuracy"),

@@ -18,7 +18,10 @@ Where this departs from the GRPO paper (Shao et al. 2024):
 from __future__ import annotations
 
 import logging
+import os
 import random
+import shutil
+import signal
 import time
 from pathlib import Path
 
@@ -27,11 +30,12 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
-from rlvr import models
+from rlvr import checkpoint, models
 from rlvr.algorithms import advantages
 from rlvr.algorithms.losses import kl_penalty, overlong_penalty
 from rlvr.config import check
 from rlvr.data import Task
+from rlvr.errors import RlvrError
 from rlvr.evaluate import greedy, render, sample_record, summarise
 from rlvr.learner import Learner, make_batch
 from rlvr.logging import Logger, manifest
@@ -43,6 +47,51 @@ from rlvr.types import Rollout
 log = logging.getLogger("rlvr")
 
 CANARY_ANSWER = " <answer>42</answer>"
+
+
+class EngineError(RlvrError, RuntimeError):
+    """The rollout engine failed; the message names the step and the request."""
+
+
+class TrainingError(RlvrError, RuntimeError):
+    """The run cannot go on (e.g. updates keep failing); the message says what is left on disk."""
+
+
+class GracefulStop:
+    """Once installed, SIGINT / SIGTERM ask the loop to stop after the current step (a second
+    signal stops at once); `restore` puts the previous handlers back."""
+
+    def __init__(self) -> None:
+        self.signal: int | None = None
+        self.previous = {s: signal.signal(s, self._handle) for s in (signal.SIGINT, signal.SIGTERM)}
+
+    def _handle(self, signum: int, frame) -> None:
+        if self.signal is not None:
+            raise KeyboardInterrupt
+        self.signal = signum
+        log.warning("%s: finishing this step, then writing a checkpoint (send it again to stop at once)",
+                    signal.Signals(signum).name)
+
+    def restore(self) -> None:
+        for s, handler in self.previous.items():
+            signal.signal(s, handler)
+
+
+def prepare_run_dir(run_dir: Path, resume: Path | None, overwrite: bool) -> None:
+    """Refuse a run dir that holds another run (unless resuming or told to overwrite); on resume,
+    put back the metrics of the checkpoint (steps after it will be run again)."""
+    metrics = run_dir / "metrics.jsonl"
+    if resume is not None:
+        tmp = metrics.with_suffix(".jsonl.tmp")
+        shutil.copyfile(resume / "metrics.jsonl", tmp)
+        os.replace(tmp, metrics)
+    elif metrics.exists():
+        if not overwrite:
+            raise TrainingError(
+                f"{run_dir} already holds a run (metrics.jsonl). Continue it with trainer.resume=auto, "
+                "start over with trainer.overwrite=true, or choose another hydra.run.dir.")
+        for name in ("metrics.jsonl", "samples.jsonl", "summary.json"):
+            (run_dir / name).unlink(missing_ok=True)
 
 
 def pick_device(name: str) -> str:
@@ -71,7 +120,12 @@ def collect_groups(task: Task, engine: RolloutEngine, tok, rewards: Rewards, cfg
         # Seeds depend only on (seed, step, round): a step's samples repeat exactly for a seed.
         seed = random.Random(f"{cfg.seed}-{step}-{round_}").randrange(2**31 - 2**20)
         t0 = time.perf_counter()
-        rollouts = engine.generate(prompts, [render(tok, p) for p in prompts], n=G, seed=seed)
+        try:
+            rollouts = engine.generate(prompts, [render(tok, p) for p in prompts], n=G, seed=seed)
+        except Exception as e:
+            raise EngineError(f"step {step}: the vLLM engine failed on a request of {len(prompts)} prompts x {G} "
+                              f"samples (first prompt: {prompts[0].messages[-1]['content'][:200]!r}): "
+                              f"{type(e).__name__}: {e}") from e
         times["rollout"] += time.perf_counter() - t0
         times["tokens"] += sum(len(r.completion_ids) for r in rollouts)
         t0 = time.perf_counter()
@@ -127,22 +181,45 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, float]:
     np.random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
     model_path = models.resolve(cfg.model)
+    resume = checkpoint.find(cfg.trainer.resume, run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    prepare_run_dir(run_dir, resume, cfg.trainer.overwrite)
 
     logger = Logger(run_dir, cfg, cfg.trainer.max_steps)
-    logger.write_manifest(manifest(cfg, model_path, device))
-    learner = Learner(model_path, cfg.model, cfg.optim, cfg.algorithm, cfg.trainer,
-                      cfg.rollout.temperature, cfg.rollout.max_tokens, device)
+    logger.write_manifest({**manifest(cfg, model_path, device), "resumed_from": str(resume) if resume else None})
+    policy_path = resume / "model" if resume else model_path  # a resumed run starts from the checkpoint
+    learner = Learner(policy_path, cfg.model, cfg.optim, cfg.algorithm, cfg.trainer,
+                      cfg.rollout.temperature, cfg.rollout.max_tokens, device, reference_path=model_path)
+    start = checkpoint.load_state(resume, learner, task, rewards) if resume else 0
     tok = learner.tokenizer
-    engine = RolloutEngine(model_path, cfg.rollout, cfg.model.dtype, cfg.seed, device, Path(cfg.cache_dir))
+    engine = RolloutEngine(policy_path, cfg.rollout, cfg.model.dtype, cfg.seed, device, Path(cfg.cache_dir))
     eval_prompts = task.eval_prompts()
     # A fixed sequence whose logprobs engine and learner must agree on after every sync.
     canary = render(tok, eval_prompts[0]) + tok(CANARY_ANSWER, add_special_tokens=False).input_ids
+
+    def save_checkpoint(step: int) -> Path | None:
+        try:
+            path = checkpoint.save(run_dir, step, learner, task, rewards, cfg.trainer.keep_last)
+        except Exception as e:  # a full disk surfaces as OSError, SafetensorError or RuntimeError
+            previous = checkpoint.complete_checkpoints(run_dir)
+            log.error("checkpoint of step %d failed (%s); %s", step, e,
+                      f"the previous one, {previous[-1]}, is intact" if previous else "there is no earlier one")
+            return None
+        log.info("checkpoint: %s", path)
+        return path
+
+    stop = GracefulStop()
     try:
         check_canary(engine, learner.sequence_logprobs(canary), canary, cfg.rollout.canary_tol)
-        first_eval = greedy(engine, tok, eval_prompts, rewards)[0]
-        logger.log(0, first_eval)
+        if start == 0:
+            first_eval = greedy(engine, tok, eval_prompts, rewards)[0]
+            logger.log(0, first_eval)
+        else:
+            log.info("resumed from %s at step %d", resume, start)
+            first_eval = logger.first_record()
         metrics: dict[str, float] = {}
-        for step in range(1, cfg.trainer.max_steps + 1):
+        bad_steps = 0
+        for step in range(start + 1, cfg.trainer.max_steps + 1):
             t_step = time.perf_counter()
 
             # 1-3. prompts -> a group of G completions each -> rewards (DAPO: keep informative groups)
@@ -188,6 +265,11 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, float]:
                 "tokens_per_s": times["tokens"] / times["rollout"],
             })
             logger.log(step, metrics)
+            if metrics["groups/zero_adv_frac"] == 1.0 and not cfg.algorithm.dynamic_sampling.enabled:
+                log.warning("step %d: every group's rewards were all equal: no learning signal this step", step)
+            if canary_diff > 0.1 * cfg.rollout.canary_tol:
+                log.warning("step %d: engine/learner canary difference %.2g is above a tenth of rollout.canary_tol=%g",
+                            step, canary_diff, cfg.rollout.canary_tol)
             if cfg.trainer.eval_every and step % cfg.trainer.eval_every == 0 and step < cfg.trainer.max_steps:
                 logger.log(step, greedy(engine, tok, eval_prompts, rewards)[0])
             if cfg.trainer.log_samples:
@@ -196,6 +278,24 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, float]:
             if cfg.trainer.samples_every and step % cfg.trainer.samples_every == 0:
                 logger.samples(step, [sample_record(r, rewards, step=step)
                                       for g in groups[: cfg.trainer.log_samples] for r in g])
+
+            # A NaN/inf loss or gradient skips the update; too many in a row end the run.
+            bad_steps = bad_steps + 1 if learn["learn/skipped_updates"] else 0
+            if bad_steps >= cfg.trainer.max_bad_steps:
+                done = checkpoint.complete_checkpoints(run_dir)
+                raise TrainingError(
+                    f"step {step}: the update was skipped {bad_steps} steps in a row (non-finite loss or gradient; "
+                    f"trainer.max_bad_steps={cfg.trainer.max_bad_steps}). "
+                    + (f"The last good checkpoint is {done[-1]}." if done else "No checkpoint was written."))
+            saved = None
+            if cfg.trainer.save_every and (step % cfg.trainer.save_every == 0 or step == cfg.trainer.max_steps):
+                saved = save_checkpoint(step)
+            if stop.signal is not None:
+                saved = saved or save_checkpoint(step)
+                log.warning("stopped after step %d by %s. Continue with the same command plus "
+                            "trainer.resume=%s hydra.run.dir=%s", step, signal.Signals(stop.signal).name,
+                            saved if saved else "auto", run_dir)
+                raise SystemExit(128 + stop.signal)
 
         final_eval = greedy(engine, tok, eval_prompts, rewards)[0]
         logger.log(cfg.trainer.max_steps, final_eval)
@@ -209,5 +309,6 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, float]:
             log.info("final model: %s", run_dir / "model")
         return {**metrics, **final_eval}
     finally:
+        stop.restore()
         engine.close()
         logger.close()

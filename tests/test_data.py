@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from rlvr.data.multiplication import MultiplicationTask, is_held_out
@@ -62,3 +64,14 @@ def test_curriculum_advances_after_a_window_of_high_accuracy():
 def test_bad_settings_name_the_key(kw, message):
     with pytest.raises(ValueError, match=message):
         _task(**kw)
+
+
+def test_state_dict_round_trip_continues_the_same_prompts():
+    task = _task(seed=5, advance_at=0.5, window=1)
+    task.sample(7)
+    task.update(0.9)  # up to 2x2
+    state = json.loads(json.dumps(task.state_dict()))  # as a checkpoint stores it
+    expected = [p.messages for p in task.sample(5)]
+    other = _task(seed=99)
+    other.load_state_dict(state)
+    assert other.level == 1 and [p.messages for p in other.sample(5)] == expected

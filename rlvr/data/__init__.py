@@ -27,3 +27,11 @@ class Task(Protocol):
     def metrics(self) -> dict[str, float]:
         """Task state worth logging each step (e.g. `curriculum/level`); may be empty."""
         ...
+
+    def state_dict(self) -> dict:
+        """Everything `sample` depends on (RNG position, curriculum), JSON-serialisable, for checkpoints."""
+        ...
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue exactly where `state_dict` was taken."""
+        ...

@@ -87,3 +87,13 @@ class MultiplicationTask:
 
     def metrics(self) -> dict[str, float]:
         return {"curriculum/level": float(self.level)}
+
+    def state_dict(self) -> dict:
+        """Sampler position and curriculum state, JSON-ready (for checkpoints)."""
+        version, internal, gauss = self.rng.getstate()
+        return {"rng": [version, list(internal), gauss], "level": self.level, "history": list(self.history)}
+
+    def load_state_dict(self, state: dict) -> None:
+        version, internal, gauss = state["rng"]
+        self.rng.setstate((version, tuple(internal), gauss))
+        self.level, self.history = state["level"], list(state["history"])

@@ -12,10 +12,12 @@ from pathlib import Path
 from hydra.utils import get_method
 from omegaconf import DictConfig
 
+from rlvr.errors import RlvrError
+
 log = logging.getLogger(__name__)
 
 
-class ModelError(ValueError):
+class ModelError(RlvrError, ValueError):
     """A model folder that is missing or unusable; the message names the path and the fix."""
 
 

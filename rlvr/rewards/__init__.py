@@ -14,12 +14,13 @@ from collections.abc import Callable
 from hydra.utils import get_method
 from omegaconf import DictConfig, OmegaConf
 
+from rlvr.errors import RlvrError
 from rlvr.types import Rollout
 
 log = logging.getLogger(__name__)
 
 
-class RewardError(ValueError):
+class RewardError(RlvrError, ValueError):
     """A reward term that cannot be loaded; the message names the term."""
 
 

@@ -17,12 +17,13 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig
 
+from rlvr.errors import RlvrError
 from rlvr.types import Prompt, Rollout
 
 log = logging.getLogger(__name__)
 
 
-class WeightSyncError(RuntimeError):
+class WeightSyncError(RlvrError, RuntimeError):
     """The engine does not serve the learner's weights (a stale or corrupt sync)."""
 
 

@@ -1,0 +1,152 @@
+"""Checkpoints: everything a run needs to continue exactly where it stopped.
+
+    <run dir>/checkpoints/step-000040/
+        model/               the policy: a Hugging Face folder (safetensors + tokenizer)
+        optimizer.pt         AdamW and LR-scheduler state, torch RNG state (loaded with weights_only=True)
+        trainer_state.json   step, task state (sampler position, curriculum), Python/NumPy RNG states,
+                             reward error count
+        metrics.jsonl        the metrics up to this step (put back into the run dir on resume)
+
+A checkpoint is written into a temporary folder and renamed into place, so a folder named
+`step-*` is always complete; older ones are pruned (`keep_last`) only after a new one is.
+Nothing is unpickled: safetensors, JSON, and torch's weights-only loader.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from rlvr.errors import RlvrError
+
+log = logging.getLogger("rlvr")
+
+PREFIX = "step-"
+FILES = ("model/config.json", "optimizer.pt", "trainer_state.json", "metrics.jsonl")
+
+
+class CheckpointError(RlvrError, RuntimeError):
+    """A checkpoint that cannot be used; the message names the folder and what is wrong."""
+
+
+def _step_of(path: Path) -> int:
+    return int(path.name.removeprefix(PREFIX))
+
+
+def complete_checkpoints(run_dir: Path) -> list[Path]:
+    """The complete checkpoints of a run dir, oldest first (temporary folders are not listed)."""
+    folder = run_dir / "checkpoints"
+    if not folder.is_dir():
+        return []
+    found = [p for p in folder.iterdir() if p.is_dir() and p.name.startswith(PREFIX)
+             and p.name.removeprefix(PREFIX).isdigit()]
+    return sorted(found, key=_step_of)
+
+
+def find(resume: str | None, run_dir: Path) -> Path | None:
+    """The checkpoint `trainer.resume` asks for: None (start fresh), "auto" (the newest in the run
+    dir, or None when there is none) or a path. A path that is not a usable checkpoint raises."""
+    if resume is None:
+        return None
+    if resume == "auto":
+        found = complete_checkpoints(run_dir)
+        return validate(found[-1]) if found else None
+    return validate(Path(resume).expanduser())
+
+
+def validate(path: Path) -> Path:
+    """Check that `path` holds a whole checkpoint whose files parse; raise CheckpointError if not."""
+    if not path.is_dir():
+        raise CheckpointError(f"trainer.resume: {path} is not a checkpoint folder (expected "
+                              f"<run dir>/checkpoints/{PREFIX}NNNNNN)")
+    missing = [f for f in FILES if not (path / f).is_file()]
+    if missing:
+        raise CheckpointError(f"checkpoint {path} is incomplete: {', '.join(missing)} missing")
+    try:
+        state = json.loads((path / "trainer_state.json").read_text())
+        int(state["step"])
+        torch.load(path / "optimizer.pt", weights_only=True, map_location="cpu")
+        from safetensors import safe_open
+
+        for weights in (path / "model").glob("*.safetensors"):
+            with safe_open(str(weights), framework="pt") as f:
+                for key in f.keys():
+                    f.get_slice(key)  # reads the header and offsets of every tensor
+    except Exception as e:  # any parse failure means the same to the user: this checkpoint is unusable
+        raise CheckpointError(f"checkpoint {path} is corrupt: {type(e).__name__}: {e}") from e
+    return path
+
+
+def load_step(path: Path) -> int:
+    """The step a checkpoint was taken after."""
+    return int(json.loads((path / "trainer_state.json").read_text())["step"])
+
+
+def save(run_dir: Path, step: int, learner, task, rewards, keep_last: int) -> Path:
+    """Write the checkpoint of `step` atomically, then prune to the newest `keep_last` (0: keep all).
+
+    On failure (a full disk, say) the temporary folder is removed, the previous checkpoints stay
+    as they were, and the error is raised for the caller to report.
+    """
+    folder = run_dir / "checkpoints"
+    folder.mkdir(parents=True, exist_ok=True)
+    final = folder / f"{PREFIX}{step:06d}"
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=folder))
+    try:
+        learner.save(tmp / "model")
+        torch.save({"optimizer": learner.optimizer.state_dict(), "scheduler": learner.scheduler.state_dict(),
+                    "torch_rng": torch.get_rng_state()}, tmp / "optimizer.pt")
+        np_state = np.random.get_state()
+        state: dict[str, Any] = {
+            "step": step,
+            "task": task.state_dict(),
+            "python_rng": _jsonable(random.getstate()),
+            "numpy_rng": [np_state[0], np_state[1].tolist(), *np_state[2:]],
+            "reward_errors": rewards.errors,
+        }
+        (tmp / "trainer_state.json").write_text(json.dumps(state))
+        shutil.copyfile(run_dir / "metrics.jsonl", tmp / "metrics.jsonl")
+        os.chmod(tmp, 0o755)
+        if final.exists():  # a checkpoint of this step from an earlier attempt
+            shutil.rmtree(final)
+        os.rename(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if keep_last > 0:
+        for old in complete_checkpoints(run_dir)[:-keep_last]:
+            shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def load_state(path: Path, learner, task, rewards) -> int:
+    """Restore optimizer, scheduler, RNGs, task and reward counters from a validated checkpoint;
+    return its step. (The policy weights are loaded by building the learner from `path / "model"`.)"""
+    blob = torch.load(path / "optimizer.pt", weights_only=True, map_location="cpu")
+    learner.optimizer.load_state_dict(blob["optimizer"])
+    learner.scheduler.load_state_dict(blob["scheduler"])
+    torch.set_rng_state(blob["torch_rng"])
+    state = json.loads((path / "trainer_state.json").read_text())
+    task.load_state_dict(state["task"])
+    random.setstate(_tuples(state["python_rng"]))
+    kind, keys, *rest = state["numpy_rng"]
+    np.random.set_state((kind, np.array(keys, dtype=np.uint32), *rest))
+    rewards.errors = state["reward_errors"]
+    return int(state["step"])
+
+
+def _jsonable(value):
+    return [_jsonable(v) for v in value] if isinstance(value, tuple | list) else value
+
+
+def _tuples(value):
+    return tuple(_tuples(v) for v in value) if isinstance(value, list) else value

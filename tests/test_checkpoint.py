@@ -1,0 +1,176 @@
+"""Runs that survive: checkpoints, exact resume after a real SIGKILL, graceful SIGTERM, a full disk,
+NaN updates, and bad input that fails at start — all with the real CLI on the tiny model."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from rlvr import checkpoint
+
+from .conftest import RLVR, run_cli
+
+pytestmark = pytest.mark.slow
+
+RUN = ["+experiment=multiplication", "model=tiny", "reward=digits", "optim.lr=1e-3", "data.batch_size=2",
+       "algorithm.group_size=4", "rollout.max_tokens=16", "data.eval_size=4", "trainer.save_model=false",
+       "trainer.log_samples=0"]
+STEPS = 6
+# Everything a step computes from its samples; times are left out (they differ run to run).
+COMPARED = ["reward/mean", "reward/digits", "accuracy", "completion_len/mean", "loss", "grad_norm", "clip_frac",
+            "mismatch/logprob_abs_mean", "sync/logprob_max_diff", "curriculum/level"]
+
+
+def _steps(run_dir: Path) -> list[dict]:
+    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [x for x in lines if "time/step_s" in x]
+
+
+def _start(args: list[str], cache: Path) -> subprocess.Popen:
+    env = {**os.environ, "RLVR_CACHE": str(cache)}
+    return subprocess.Popen([RLVR, "train", *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=env, start_new_session=True)
+
+
+def _wait_for_step(proc: subprocess.Popen, run_dir: Path, step: int, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if (run_dir / "metrics.jsonl").exists() and any(s["step"] >= step for s in _steps(run_dir)):
+            return
+        if proc.poll() is not None:
+            raise AssertionError(f"the run ended early ({proc.returncode}): {proc.stdout.read()[-3000:]}")
+        time.sleep(0.2)
+    proc.kill()
+    raise AssertionError(f"step {step} not reached in {timeout} s")
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, cache_dir) -> Path:
+    """An uninterrupted run of STEPS steps with a checkpoint every 2 steps."""
+    run_dir = tmp_path_factory.mktemp("reference") / "run"
+    result = run_cli(["train", *RUN, f"trainer.max_steps={STEPS}", "trainer.save_every=2",
+                      f"hydra.run.dir={run_dir}"], cache=cache_dir)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return run_dir
+
+
+def test_checkpoints_are_complete_and_pruned(reference):
+    found = checkpoint.complete_checkpoints(reference)
+    assert [p.name for p in found] == ["step-000004", "step-000006"]  # keep_last=2
+    for path in found:
+        checkpoint.validate(path)
+        assert (path / "model" / "model.safetensors").is_file() and (path / "model" / "tokenizer.json").is_file()
+    state = json.loads((found[-1] / "trainer_state.json").read_text())
+    assert state["step"] == 6 and "rng" in state["task"]
+    assert not [p for p in (reference / "checkpoints").iterdir() if p.name.startswith(".")]  # no leftovers
+
+
+def test_resume_after_sigkill_repeats_the_uninterrupted_run_exactly(reference, tmp_path, cache_dir):
+    run_dir = tmp_path / "run"
+    proc = _start([*RUN, f"trainer.max_steps={STEPS}", "trainer.save_every=2", f"hydra.run.dir={run_dir}"],
+                  cache_dir)
+    _wait_for_step(proc, run_dir, 3)  # the checkpoint of step 2 is written, step 3 logged
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    killed_at = max(s["step"] for s in _steps(run_dir))
+    assert killed_at < STEPS
+
+    result = run_cli(["train", *RUN, f"trainer.max_steps={STEPS}", "trainer.save_every=2", "trainer.resume=auto",
+                      f"hydra.run.dir={run_dir}"], cache=cache_dir)
+    assert result.returncode == 0, result.stderr[-3000:]
+    resumed, expected = _steps(run_dir), _steps(reference)
+    assert [s["step"] for s in resumed] == list(range(1, STEPS + 1))  # no step twice, none missing
+    for got, want in zip(resumed, expected, strict=True):
+        for key in COMPARED:
+            assert got[key] == pytest.approx(want[key], abs=1e-6), (got["step"], key)
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["resumed_from"].endswith("step-000002") or manifest["resumed_from"].endswith("step-000004")
+
+
+def test_sigterm_finishes_the_step_checkpoints_and_says_how_to_resume(tmp_path, cache_dir):
+    run_dir = tmp_path / "run"
+    proc = _start([*RUN, "trainer.max_steps=500", f"hydra.run.dir={run_dir}"], cache_dir)
+    _wait_for_step(proc, run_dir, 2)
+    os.killpg(proc.pid, signal.SIGTERM)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 128 + signal.SIGTERM, out[-3000:]
+    found = checkpoint.complete_checkpoints(run_dir)
+    assert len(found) == 1
+    checkpoint.validate(found[0])
+    assert checkpoint.load_step(found[0]) == max(s["step"] for s in _steps(run_dir))
+    assert "trainer.resume=" in out and f"hydra.run.dir={run_dir}" in out
+
+
+def test_a_full_disk_keeps_the_previous_checkpoint_and_the_run_goes_on(tmp_path, cache_dir, tiny_path):
+    run_dir = tmp_path / "run"
+    folder = run_dir / "checkpoints"
+    folder.mkdir(parents=True)
+    # Room for one checkpoint of the tiny model but not two: the second write hits a real ENOSPC.
+    # (weights + 2 Adam moments + tokenizer is about 3x the model folder)
+    size = sum(f.stat().st_size for f in tiny_path.rglob("*") if f.is_file()) * 4
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)],
+                             capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {mounted.stderr.strip()}")
+    try:
+        result = run_cli(["train", *RUN, "trainer.max_steps=4", "trainer.save_every=2", "trainer.keep_last=1",
+                          f"hydra.run.dir={run_dir}"], cache=cache_dir)
+        out = result.stdout + result.stderr
+        assert result.returncode == 0, out[-3000:]
+        assert "checkpoint of step 4 failed" in out and "step-000002, is intact" in out
+        assert [p.name for p in checkpoint.complete_checkpoints(run_dir)] == ["step-000002"]
+        checkpoint.validate(folder / "step-000002")
+        assert not [p for p in folder.iterdir() if p.name.startswith(".")]  # the partial write is gone
+        assert [s["step"] for s in _steps(run_dir)] == [1, 2, 3, 4]
+    finally:
+        subprocess.run(["umount", str(folder)], check=False)
+
+
+def test_nan_updates_are_skipped_then_the_run_stops_with_its_last_checkpoint(tmp_path, cache_dir):
+    # adv_eps=0 and a reward that is always 0: every group's advantage is 0/0 = NaN, for real.
+    run_dir = tmp_path / "run"
+    result = run_cli(["train", *RUN, "reward=first_digit", "reward.terms.first_digit.kwargs.prefix=[QQQ]",
+                      "algorithm.adv_eps=0", "trainer.max_steps=10", "trainer.save_every=1",
+                      "trainer.max_bad_steps=3", f"hydra.run.dir={run_dir}"], cache=cache_dir)
+    out = result.stdout + result.stderr
+    assert result.returncode != 0
+    assert "the update was skipped 3 steps in a row" in out and "step-000002" in out
+    assert [s["learn/skipped_updates"] for s in _steps(run_dir)] == [1.0, 1.0, 1.0]
+    checkpoint.validate(run_dir / "checkpoints" / "step-000002")
+
+
+@pytest.mark.parametrize("damage, message", [
+    ("truncate_weights", "is corrupt"),
+    ("drop_optimizer", "is incomplete: optimizer.pt missing"),
+    ("garble_state", "is corrupt"),
+])
+def test_a_damaged_checkpoint_is_refused_at_start(reference, tmp_path, cache_dir, damage, message):
+    broken = tmp_path / "step-000006"
+    shutil.copytree(reference / "checkpoints" / "step-000006", broken)
+    if damage == "truncate_weights":
+        weights = broken / "model" / "model.safetensors"
+        weights.write_bytes(weights.read_bytes()[:1000])
+    elif damage == "drop_optimizer":
+        (broken / "optimizer.pt").unlink()
+    else:
+        (broken / "trainer_state.json").write_text('{"step": ')
+    run_dir = tmp_path / "run"
+    result = run_cli(["train", *RUN, f"trainer.resume={broken}", f"hydra.run.dir={run_dir}"], cache=cache_dir)
+    assert result.returncode != 0
+    assert f"checkpoint {broken} {message}" in result.stdout + result.stderr
+    assert not (run_dir / "metrics.jsonl").exists()  # nothing started, nothing written
+
+
+def test_a_run_dir_with_another_run_is_refused(reference, tmp_path, cache_dir):
+    before = (reference / "metrics.jsonl").read_text()
+    result = run_cli(["train", *RUN, f"hydra.run.dir={reference}"], cache=cache_dir)
+    assert result.returncode != 0
+    assert "already holds a run" in result.stderr and "trainer.resume=auto" in result.stderr
+    assert (reference / "metrics.jsonl").read_text() == before
