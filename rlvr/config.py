@@ -234,6 +234,8 @@ def check(cfg: DictConfig) -> None:
     need(r.temperature > 0, "rollout.temperature", "must be > 0 (the learner divides logits by it)")
     need(0 < r.top_p <= 1, "rollout.top_p", "must be in (0, 1]")
     need(r.max_tokens >= 1, "rollout.max_tokens", "must be >= 1")
+    need(r.max_model_len > r.max_tokens, "rollout.max_model_len",
+         f"must be larger than rollout.max_tokens={r.max_tokens} (it holds the prompt and the completion)")
     need(cfg.trainer.max_steps >= 0, "trainer.max_steps", "must be >= 0")
     need(cfg.trainer.save_every >= 0 and cfg.trainer.keep_last >= 0, "trainer.save_every",
          "save_every and keep_last must be >= 0")

@@ -59,7 +59,8 @@ def summarise(rollouts: list[Rollout], rewards: Rewards, prefix: str = "") -> di
 
 def greedy(engine, tokenizer, prompts: list[Prompt], rewards: Rewards) -> tuple[dict[str, float], list[Rollout]]:
     """Greedy decoding on `prompts`: (eval/… metrics, the scored rollouts)."""
-    rollouts = engine.generate(prompts, [render(tokenizer, p) for p in prompts], n=1, seed=0, greedy=True)
+    rollouts = engine.generate(prompts, [render(tokenizer, p) for p in prompts], n=1, seed=0, greedy=True,
+                               context="in the greedy evaluation")
     rewards.score(rollouts)
     return summarise(rollouts, rewards, prefix="eval/"), rollouts
 
@@ -68,7 +69,8 @@ def sampled(engine, tokenizer, prompts: list[Prompt], rewards: Rewards, n: int, 
             seed: int) -> tuple[dict[str, float], list[Rollout]]:
     """`n` samples per prompt at the rollout temperature: pass@k for each k <= n, and mean@n
     (the share of all samples that are correct)."""
-    rollouts = engine.generate(prompts, [render(tokenizer, p) for p in prompts], n=n, seed=seed)
+    rollouts = engine.generate(prompts, [render(tokenizer, p) for p in prompts], n=n, seed=seed,
+                               context="in the sampled evaluation")
     rewards.score(rollouts)
     correct = [sum(rewards.is_correct(r) for r in rollouts[i * n : (i + 1) * n]) for i in range(len(prompts))]
     out = summarise(rollouts, rewards, prefix="eval_sampled/")

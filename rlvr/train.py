@@ -49,10 +49,6 @@ log = logging.getLogger("rlvr")
 CANARY_ANSWER = " <answer>42</answer>"
 
 
-class EngineError(RlvrError, RuntimeError):
-    """The rollout engine failed; the message names the step and the request."""
-
-
 class TrainingError(RlvrError, RuntimeError):
     """The run cannot go on (e.g. updates keep failing); the message says what is left on disk."""
 
@@ -90,8 +86,9 @@ def prepare_run_dir(run_dir: Path, resume: Path | None, overwrite: bool) -> None
             raise TrainingError(
                 f"{run_dir} already holds a run (metrics.jsonl). Continue it with trainer.resume=auto, "
                 "start over with trainer.overwrite=true, or choose another hydra.run.dir.")
-        for name in ("metrics.jsonl", "samples.jsonl", "summary.json"):
+        for name in ("metrics.jsonl", "samples.jsonl", "summary.json", "curves.png"):
             (run_dir / name).unlink(missing_ok=True)
+        shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)  # resume=auto must not find the old run's
 
 
 def pick_device(name: str) -> str:
@@ -120,12 +117,8 @@ def collect_groups(task: Task, engine: RolloutEngine, tok, rewards: Rewards, cfg
         # Seeds depend only on (seed, step, round): a step's samples repeat exactly for a seed.
         seed = random.Random(f"{cfg.seed}-{step}-{round_}").randrange(2**31 - 2**20)
         t0 = time.perf_counter()
-        try:
-            rollouts = engine.generate(prompts, [render(tok, p) for p in prompts], n=G, seed=seed)
-        except Exception as e:
-            raise EngineError(f"step {step}: the vLLM engine failed on a request of {len(prompts)} prompts x {G} "
-                              f"samples (first prompt: {prompts[0].messages[-1]['content'][:200]!r}): "
-                              f"{type(e).__name__}: {e}") from e
+        rollouts = engine.generate(prompts, [render(tok, p) for p in prompts], n=G, seed=seed,
+                                   context=f"at step {step}")
         times["rollout"] += time.perf_counter() - t0
         times["tokens"] += sum(len(r.completion_ids) for r in rollouts)
         t0 = time.perf_counter()
@@ -182,14 +175,14 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, float]:
     torch.manual_seed(cfg.seed)
     model_path = models.resolve(cfg.model)
     resume = checkpoint.find(cfg.trainer.resume, run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    prepare_run_dir(run_dir, resume, cfg.trainer.overwrite)
-
-    logger = Logger(run_dir, cfg, cfg.trainer.max_steps)
-    logger.write_manifest({**manifest(cfg, model_path, device), "resumed_from": str(resume) if resume else None})
     policy_path = resume / "model" if resume else model_path  # a resumed run starts from the checkpoint
     learner = Learner(policy_path, cfg.model, cfg.optim, cfg.algorithm, cfg.trainer,
                       cfg.rollout.temperature, cfg.rollout.max_tokens, device, reference_path=model_path)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    prepare_run_dir(run_dir, resume, cfg.trainer.overwrite)  # the first write into the run dir
+
+    logger = Logger(run_dir, cfg, cfg.trainer.max_steps)
+    logger.write_manifest({**manifest(cfg, model_path, device), "resumed_from": str(resume) if resume else None})
     start = checkpoint.load_state(resume, learner, task, rewards) if resume else 0
     tok = learner.tokenizer
     engine = RolloutEngine(policy_path, cfg.rollout, cfg.model.dtype, cfg.seed, device, Path(cfg.cache_dir))
@@ -305,7 +298,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, float]:
                  final_eval["eval/accuracy"], cfg.trainer.max_steps)
         plot([run_dir], run_dir / "curves.png")
         if cfg.trainer.save_model:
-            models.build_atomically(run_dir / "model", learner.save)
+            models.build_atomically(run_dir / "model", learner.save, replace=True)
             log.info("final model: %s", run_dir / "model")
         return {**metrics, **final_eval}
     finally:

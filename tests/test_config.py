@@ -85,3 +85,34 @@ def test_missing_model_folder_is_named(tmp_path):
 def test_help_lists_the_commands():
     result = run_cli(["--help"], cache=Path("/nonexistent"), timeout=60)
     assert result.returncode == 0 and "rlvr train" in result.stdout
+
+
+def _folder_like_tiny(tiny_path: Path, dest: Path) -> Path:
+    import shutil
+
+    shutil.copytree(tiny_path, dest)
+    return dest
+
+
+def test_a_model_that_is_not_a_causal_lm_is_named(tmp_path, cache_dir, tiny_path):
+    from transformers import DistilBertConfig, DistilBertModel
+
+    folder = _folder_like_tiny(tiny_path, tmp_path / "encoder")
+    for f in folder.glob("*.safetensors"):
+        f.unlink()
+    DistilBertModel(DistilBertConfig(vocab_size=512, dim=32, n_layers=1, n_heads=2, hidden_dim=64)).save_pretrained(folder)
+    result = run_cli(["train", "model=local", f"model.path={folder}", f"hydra.run.dir={tmp_path}/run"],
+                     cache=cache_dir, timeout=180)
+    assert result.returncode == 1
+    assert f"model.path='{folder}' cannot be loaded as a causal LM" in result.stderr
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_a_tokenizer_without_chat_template_is_named(tmp_path, cache_dir, tiny_path):
+    folder = _folder_like_tiny(tiny_path, tmp_path / "no-template")
+    (folder / "chat_template.jinja").unlink()
+    result = run_cli(["train", "model=local", f"model.path={folder}", f"hydra.run.dir={tmp_path}/run"],
+                     cache=cache_dir, timeout=180)
+    assert result.returncode == 1
+    assert f"the tokenizer of model.path='{folder}' has no chat template" in result.stderr
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()

@@ -7,7 +7,7 @@ import torch
 
 from rlvr.evaluate import render
 from rlvr.learner import Learner, make_batch, token_logprobs
-from rlvr.rollout.engine import RolloutEngine, WeightSyncError, check_canary
+from rlvr.rollout.engine import EngineError, RolloutEngine, WeightSyncError, check_canary
 from rlvr.types import Prompt
 
 from .conftest import compose_config
@@ -86,3 +86,11 @@ def test_sync_serves_new_weights_and_a_skipped_sync_is_caught(parts):
         check_canary(engine, learner.sequence_logprobs(canary), canary, tol)
     engine.load_weights(learner.named_weights())  # and a real sync mends it
     assert check_canary(engine, learner.sequence_logprobs(canary), canary, tol) <= tol
+
+
+def test_an_engine_failure_names_the_step_and_the_request(parts):
+    _, learner, engine = parts
+    too_long = [5] * 1100  # the engine's max_model_len is 1024: vLLM itself rejects the request
+    with pytest.raises(EngineError, match=r"failed at step 7 on 1 prompts x 2 samples \(first prompt: 'What is 12"):
+        engine.generate(PROMPTS[:1], [too_long], n=2, seed=0, context="at step 7")
+    assert len(_generate(learner, engine)) == 8  # and the engine still serves the next request

@@ -35,14 +35,19 @@ def resolve(cfg: DictConfig) -> Path:
     return path
 
 
-def build_atomically(path: Path, build: Callable[[Path], None]) -> None:
+def build_atomically(path: Path, build: Callable[[Path], None], replace: bool = False) -> None:
     """Run `build(tmp)` into a temporary folder beside `path`, then rename it into place, so an
-    interrupted build never leaves a folder that looks complete."""
+    interrupted build never leaves a folder that looks complete. An existing `path` is kept (another
+    process built the same thing first) unless `replace`, when the new folder takes its place."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    old = None
     try:
         build(tmp)
         os.chmod(tmp, 0o755)  # mkdtemp made it private
+        if replace and path.exists():
+            old = path.with_name(f".{path.name}.old-{os.getpid()}")
+            os.rename(path, old)
         try:
             os.rename(tmp, path)
         except OSError:  # another process finished the same build first; theirs is as good
@@ -50,3 +55,5 @@ def build_atomically(path: Path, build: Callable[[Path], None]) -> None:
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)

@@ -23,6 +23,10 @@ from rlvr.types import Prompt, Rollout
 log = logging.getLogger(__name__)
 
 
+class EngineError(RlvrError, RuntimeError):
+    """The engine failed on a request; the message names the request (and the step, in training)."""
+
+
 class WeightSyncError(RlvrError, RuntimeError):
     """The engine does not serve the learner's weights (a stale or corrupt sync)."""
 
@@ -80,11 +84,18 @@ class RolloutEngine:
             **kwargs,
         )
 
+    def _generate(self, requests: list[dict], params, what: str) -> list:
+        try:
+            return self.llm.generate(requests, params, use_tqdm=False)
+        except Exception as e:
+            raise EngineError(f"the vLLM engine failed {what}: {type(e).__name__}: {e}") from e
+
     def generate(self, prompts: list[Prompt], prompt_ids: list[list[int]], n: int, seed: int,
-                 greedy: bool = False) -> list[Rollout]:
+                 greedy: bool = False, context: str = "") -> list[Rollout]:
         """`n` completions of each prompt: one request per prompt (vLLM shares its KV across the group).
 
         Request i is seeded with `seed + i`, so a step's samples repeat exactly for the same seed.
+        `context` (e.g. "at step 7") goes into the message should the engine fail.
         """
         from vllm import SamplingParams
 
@@ -100,7 +111,9 @@ class RolloutEngine:
             for i in range(len(prompts))
         ]
         requests = [{"prompt_token_ids": ids} for ids in prompt_ids]
-        outputs = self.llm.generate(requests, params, use_tqdm=False)
+        first = prompts[0].messages[-1]["content"][:200] if prompts and prompts[0].messages else ""
+        outputs = self._generate(requests, params, f"{context} on {len(prompts)} prompts x {n} samples "
+                                                   f"(first prompt: {first!r}, {len(prompt_ids[0])} tokens)")
         rollouts = []
         for group, (prompt, ids, out) in enumerate(zip(prompts, prompt_ids, outputs, strict=True)):
             for c in out.outputs:
@@ -123,7 +136,8 @@ class RolloutEngine:
         from vllm import SamplingParams
 
         params = SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0)
-        out = self.llm.generate([{"prompt_token_ids": token_ids}], params, use_tqdm=False)[0]
+        out = self._generate([{"prompt_token_ids": token_ids}], params,
+                             f"scoring the {len(token_ids)}-token canary sequence")[0]
         return torch.tensor([pl[t].logprob for pl, t in zip(out.prompt_logprobs[1:], token_ids[1:], strict=True)])
 
     def close(self) -> None:
