@@ -99,7 +99,7 @@ def run_eval(cfg: DictConfig, run_dir: Path) -> dict[str, float]:
     check(cfg)
     task = instantiate(cfg.data, seed=cfg.seed, _convert_="all")
     rewards = Rewards(cfg.reward)
-    model_path = models.resolve(cfg.model)
+    model_path = models.resolve(cfg.model, Path(cfg.cache_dir))
     device = pick_device(cfg.trainer.device)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     prompts = task.eval_prompts()

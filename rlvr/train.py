@@ -173,7 +173,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, float]:
     random.seed(cfg.seed)
     np.random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
-    model_path = models.resolve(cfg.model)
+    model_path = models.resolve(cfg.model, Path(cfg.cache_dir))
     resume = checkpoint.find(cfg.trainer.resume, run_dir)
     policy_path = resume / "model" if resume else model_path  # a resumed run starts from the checkpoint
     learner = Learner(policy_path, cfg.model, cfg.optim, cfg.algorithm, cfg.trainer,

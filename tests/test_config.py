@@ -75,11 +75,13 @@ def test_cli_fails_at_start_naming_the_key(override, expected, tmp_path):
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
 
 
-def test_missing_model_folder_is_named(tmp_path):
-    result = run_cli(["train", "model=local", f"model.path={tmp_path}/absent", f"hydra.run.dir={tmp_path}/run"],
-                     cache=tmp_path, timeout=120)
+@pytest.mark.parametrize("group", ["local", "smollm2"])  # smollm2 builds its folder, but only in the cache
+def test_missing_model_folder_is_named(tmp_path, group):
+    result = run_cli(["train", f"model={group}", f"model.path={tmp_path}/absent", f"hydra.run.dir={tmp_path}/run"],
+                     cache=tmp_path / "cache", timeout=120)
     assert result.returncode != 0
     assert f"model.path='{tmp_path}/absent' does not exist" in result.stderr + result.stdout
+    assert not (tmp_path / "absent").exists()
 
 
 def test_help_lists_the_commands():

@@ -21,11 +21,15 @@ class ModelError(RlvrError, ValueError):
     """A model folder that is missing or unusable; the message names the path and the fix."""
 
 
-def resolve(cfg: DictConfig) -> Path:
-    """The model folder of `cfg` (the `model` group), building it first when it is missing."""
+def resolve(cfg: DictConfig, cache_dir: Path) -> Path:
+    """The model folder of `cfg` (the `model` group), building it first when it is missing.
+
+    Only folders inside `cache_dir` are built: a mistyped `model.path=outputs/…/model` must fail,
+    not quietly become a fresh copy of the default model.
+    """
     path = Path(cfg.path).expanduser()
     if not path.exists():
-        if cfg.build is None:
+        if cfg.build is None or not path.resolve().is_relative_to(Path(cache_dir).expanduser().resolve()):
             raise ModelError(f"model.path={str(path)!r} does not exist. Point model.path at a local "
                              "Hugging Face folder (config.json, weights, tokenizer).")
         log.info("building model folder %s with %s (once; cached afterwards)", path, cfg.build)
