@@ -8,7 +8,6 @@ import logging
 import time
 from pathlib import Path
 
-import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 from rich.console import Console
@@ -131,6 +130,4 @@ def run_eval(cfg: DictConfig, run_dir: Path) -> dict[str, float]:
             table.add_row(key, f"{value:.4f}")
     Console().print(table)
     log.info("wrote %s and %s", run_dir / "eval.json", run_dir / "eval_samples.jsonl")
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
     return metrics

@@ -131,11 +131,14 @@ class Learner:
         if a.tis_cap is not None:
             anchor = self.batch_logprobs(batch)
             tis = tis_weight(anchor, batch.old_logprobs, a.tis_cap) * batch.loss_mask
+        # The frozen reference's logprobs do not change over epochs: one forward for the whole batch.
+        ref = self.batch_logprobs(batch, reference=True) if a.kl.coef > 0 else None
         stats: list[dict[str, float]] = []
         chunks = torch.arange(len(batch)).tensor_split(a.mini_batches)
         for _ in range(a.ppo_epochs):
             for rows in chunks:
-                stats.append(self._update(batch.select(rows), anchor[rows], None if tis is None else tis[rows]))
+                stats.append(self._update(batch.select(rows), anchor[rows], None if tis is None else tis[rows],
+                                          None if ref is None else ref[rows]))
         # Engine/learner mismatch: logprobs of the sampled tokens under the learner before any update.
         gap = ((anchor - batch.old_logprobs).abs() * batch.loss_mask) if tis is not None else None
         first = stats[0]
@@ -157,7 +160,8 @@ class Learner:
             out["mismatch/logprob_abs_max"] = first["mismatch_max"]
         return out
 
-    def _update(self, batch: Batch, anchor: torch.Tensor, tis: torch.Tensor | None) -> dict[str, float]:
+    def _update(self, batch: Batch, anchor: torch.Tensor, tis: torch.Tensor | None,
+                ref: torch.Tensor | None) -> dict[str, float]:
         """One optimizer step on `batch` (a mini-batch), accumulated over micro-batches.
 
         Sequences with advantage 0 add exactly 0 to the surrogate's gradient, so without a KL term in
@@ -184,10 +188,8 @@ class Learner:
                                                        a.clip_eps_high, a.dual_clip)
             if tis is not None:
                 per_token = per_token * tis[sel, : width - 1].to(self.device)
-            if a.kl.coef > 0:
-                with torch.no_grad():
-                    ref_logp, _, _ = self._forward(self.ref, part)
-                kl = kl_penalty(logp, ref_logp, a.kl.estimator)
+            if ref is not None:
+                kl = kl_penalty(logp, ref[sel, : width - 1].to(self.device), a.kl.estimator)
                 per_token = per_token + a.kl.coef * kl
                 out["kl"] += float((kl.detach() * mask).sum()) / max(norm.tokens, 1)
             loss = aggregate(per_token, mask, a.loss_agg, norm)
