@@ -48,6 +48,15 @@ class MultiplicationDataConfig(DataConfig):
 
 
 @dataclass
+class FunctionPickingDataConfig(DataConfig):
+    _target_: str = "rlvr.data.function_picking.FunctionPickingTask"
+    distractors: int = 3
+    arguments: str = "none"
+    eval_fraction: float = 0.15
+    template: str = MISSING
+
+
+@dataclass
 class RewardTerm:
     _target_: str = MISSING
     weight: float = 1.0
@@ -58,6 +67,10 @@ class RewardTerm:
 class RewardConfig:
     terms: dict[str, RewardTerm] = field(default_factory=dict)
     correct_term: str = MISSING
+    timeout_s: float | None = 10.0
+    error_value: float = 0.0
+    workers: int = 0
+    combine: str = "sum_then_normalise"
 
 
 @dataclass
@@ -181,6 +194,7 @@ def register() -> None:
     ]:
         cs.store(group=group, name=f"{group}_schema", node=node)
     cs.store(group="data", name="multiplication_schema", node=MultiplicationDataConfig)
+    cs.store(group="data", name="function_picking_schema", node=FunctionPickingDataConfig)
 
 
 class ConfigError(RlvrError, ValueError):
@@ -194,6 +208,7 @@ RATIOS = ("token", "sequence")
 OVERLONG = ("none", "mask", "soft")
 DTYPES = ("float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
+COMBINE = ("sum_then_normalise", "normalise_then_sum")
 
 
 def check(cfg: DictConfig) -> None:
@@ -247,6 +262,9 @@ def check(cfg: DictConfig) -> None:
     need(len(cfg.optim.betas) == 2, "optim.betas", "must hold two numbers")
     need(cfg.reward.correct_term in cfg.reward.terms, "reward.correct_term",
          f"names the term that defines accuracy; {cfg.reward.correct_term!r} is not one of {list(cfg.reward.terms)}")
+    need(cfg.reward.timeout_s is None or cfg.reward.timeout_s >= 0, "reward.timeout_s", "must be >= 0 (0 or null: none)")
+    need(cfg.reward.workers >= 0, "reward.workers", "must be >= 0 (0: score in this process)")
+    need(cfg.reward.combine in COMBINE, "reward.combine", f"must be one of {COMBINE}, got {cfg.reward.combine!r}")
     need(cfg.eval.n_samples >= 0, "eval.n_samples", "must be >= 0 (0: greedy only)")
     need(all(k >= 1 for k in cfg.eval.ks), "eval.ks", "pass@k needs every k >= 1")
     need(cfg.logger.mode in ("online", "offline", "disabled"), "logger.mode", "must be online, offline or disabled")

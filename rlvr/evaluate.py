@@ -84,7 +84,8 @@ def sample_record(r: Rollout, rewards: Rewards, **extra) -> dict:
     """One completion as a JSON-ready record, with its reward components."""
     return {**extra, "messages": r.prompt.messages, "answer": r.prompt.answer, "completion": r.text,
             "rewards": r.rewards, "reward": r.reward, "correct": rewards.is_correct(r),
-            "finish_reason": r.finish_reason, "tokens": len(r.completion_ids)}
+            "finish_reason": r.finish_reason, "tokens": len(r.completion_ids),
+            **({"reward_errors": r.reward_errors} if r.reward_errors else {})}
 
 
 def run_eval(cfg: DictConfig, run_dir: Path) -> dict[str, float]:
@@ -112,6 +113,7 @@ def run_eval(cfg: DictConfig, run_dir: Path) -> dict[str, float]:
                                              list(cfg.eval.ks), cfg.seed)
             metrics.update(more)
     finally:
+        rewards.close()
         engine.close()
     metrics = {"model_path": str(model_path), "prompts": len(prompts), "wall_s": time.perf_counter() - start,
                **metrics}

@@ -141,11 +141,11 @@ def collect_groups(task: Task, engine: RolloutEngine, tok, rewards: Rewards, cfg
     return groups, first_round, times, dynamic.max_rounds
 
 
-def shaped_scores(rollouts: list[Rollout], batch, learner: Learner, cfg: DictConfig):
-    """Rewards [P, G] for the advantages: the task reward, plus DAPO's soft overlong punishment and a
+def shaped_scores(rollouts: list[Rollout], rewards: Rewards, batch, learner: Learner, cfg: DictConfig):
+    """Scores [P, G] for the advantages: the reward terms combined (reward.combine), plus DAPO's soft overlong punishment and a
     KL penalty to the reference model when configured. Returns (scores, metrics of the shaping)."""
     a = cfg.algorithm
-    scores = torch.tensor([r.reward for r in rollouts])  # [N]
+    scores = rewards.scores(rollouts, a.group_size).flatten()  # [N]
     metrics = {}
     if a.overlong.mode == "soft":
         penalty = overlong_penalty(torch.tensor([len(r.completion_ids) for r in rollouts]),
@@ -215,13 +215,14 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, float]:
         for step in range(start + 1, cfg.trainer.max_steps + 1):
             t_step = time.perf_counter()
 
+            errors_before = rewards.errors
             # 1-3. prompts -> a group of G completions each -> rewards (DAPO: keep informative groups)
             groups, first_round, times, rounds = collect_groups(task, engine, tok, rewards, cfg, step)
             rollouts = [r for g in groups for r in g]
 
             # 4. reward shaping, then group-relative advantages
             batch = make_batch(rollouts, learner.pad_id, mask_truncated=cfg.algorithm.overlong.mode == "mask")
-            scores, shaping = shaped_scores(rollouts, batch, learner, cfg)  # [P, G]
+            scores, shaping = shaped_scores(rollouts, rewards, batch, learner, cfg)  # [P, G]
             adv = advantages.compute(scores, cfg.algorithm.advantage, cfg.algorithm.adv_eps)  # [P, G]
             batch.advantages = adv.flatten()
 
@@ -245,7 +246,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, float]:
             metrics.update(shaping)
             metrics.update({
                 "reward/std": float(first_scores.std()),
-                "reward/errors": float(rewards.errors),
+                "reward/errors": float(rewards.errors - errors_before),
                 "groups/zero_adv_frac": float((first_scores.std(dim=1) == 0).float().mean()),
                 "groups/trained": float(len(groups)),
                 "groups/extra_rounds": float(rounds),
@@ -303,5 +304,6 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, float]:
         return {**metrics, **final_eval}
     finally:
         stop.restore()
+        rewards.close()
         engine.close()
         logger.close()

@@ -6,9 +6,10 @@ Prompt (task) -> Rollout (engine) -> scored Rollout (rewards) -> Batch (learner)
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:  # not imported at run time: reward worker processes unpickle Prompts cheaply
+    import torch
 
 
 @dataclass
@@ -33,6 +34,7 @@ class Rollout:
     finish_reason: str  # "stop" (eos or stop string) | "length" (hit rollout.max_tokens)
     rewards: dict[str, float] = field(default_factory=dict)  # per term, unweighted
     reward: float = 0.0  # weighted total
+    reward_errors: dict[str, str] = field(default_factory=dict)  # per failed term: what went wrong
 
 
 @dataclass

@@ -17,7 +17,7 @@ GROUPS = ["model", "data", "reward", "algorithm", "rollout", "optim", "trainer",
 
 
 def _options(group: str) -> list[str]:
-    return sorted(p.stem for p in (Path(CONFIG_DIR) / group).glob("*.yaml"))
+    return sorted(p.stem for p in (Path(CONFIG_DIR) / group).glob("*.yaml") if not p.stem.startswith("_"))
 
 
 @pytest.mark.parametrize("group, option", [(g, o) for g in GROUPS + ["experiment"] for o in _options(g)])

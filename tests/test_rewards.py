@@ -29,7 +29,7 @@ def test_doctests(module):
     ("", 0.0),                                 # empty
     ("١٩٣٢", 0.0),                             # Arabic-Indic digits are not read as a number
     ("9" * 100_000, 0.0),                      # huge
-    ("<answer><answer>1932</answer></answer>", 0.0),  # nested: the content is '<answer>1932'
+    ("<answer><answer>1932</answer></answer>", 1.0),  # nested: the innermost answer counts
     ("-1932", 0.0),                            # sign matters
 ])
 def test_correct(completion, expected):

@@ -6,6 +6,7 @@ A task is any class named by `data._target_`; it is built with the keys of the `
 
 from __future__ import annotations
 
+import random
 from typing import Protocol
 
 from rlvr.types import Prompt
@@ -35,3 +36,15 @@ class Task(Protocol):
     def load_state_dict(self, state: dict) -> None:
         """Continue exactly where `state_dict` was taken."""
         ...
+
+
+def rng_state(rng: random.Random) -> list:
+    """A `random.Random`'s state as JSON-ready lists (for a task's `state_dict`)."""
+    version, internal, gauss = rng.getstate()
+    return [version, list(internal), gauss]
+
+
+def set_rng_state(rng: random.Random, state: list) -> None:
+    """Undo `rng_state`."""
+    version, internal, gauss = state
+    rng.setstate((version, tuple(internal), gauss))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import random
 import zlib
 
+from rlvr.data import rng_state, set_rng_state
 from rlvr.types import Prompt
 
 
@@ -90,10 +91,8 @@ class MultiplicationTask:
 
     def state_dict(self) -> dict:
         """Sampler position and curriculum state, JSON-ready (for checkpoints)."""
-        version, internal, gauss = self.rng.getstate()
-        return {"rng": [version, list(internal), gauss], "level": self.level, "history": list(self.history)}
+        return {"rng": rng_state(self.rng), "level": self.level, "history": list(self.history)}
 
     def load_state_dict(self, state: dict) -> None:
-        version, internal, gauss = state["rng"]
-        self.rng.setstate((version, tuple(internal), gauss))
+        set_rng_state(self.rng, state["rng"])
         self.level, self.history = state["level"], list(state["history"])

@@ -1,27 +1,68 @@
 """Verifiable rewards and their weighted combination.
 
 A reward term is any `fn(completion: str, prompt: Prompt, **kwargs) -> float`, named in the
-`reward` config by dotted path (`_target_`) with a weight. The total is the weighted sum of
-the terms; every term is also logged on its own as `reward/<name>`.
+`reward` config by dotted path (`_target_`) with a weight and keyword arguments. The total is the
+weighted sum of the terms; every term is also logged on its own as `reward/<name>`.
+
+A call that raises, returns a non-finite number, or runs past `reward.timeout_s` scores
+`reward.error_value` for that sample; it is counted (`reward/errors`), logged with the completion,
+and kept in the sample's record. With `reward.workers: 0` calls run in this process and the timeout
+is a SIGALRM timer (it interrupts Python code, not a C call that never returns); with
+`workers > 0` they run in a pool of processes and a call past its timeout has its worker killed.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+import math
+import signal
+import threading
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from hydra.utils import get_method
 from omegaconf import DictConfig, OmegaConf
 
 from rlvr.errors import RlvrError
+from rlvr.rewards.pool import Call, Outcome, RewardPool
 from rlvr.types import Rollout
 
+if TYPE_CHECKING:  # imported where used: reward worker processes start without torch
+    import torch
+
 log = logging.getLogger(__name__)
+
+from rlvr.config import COMBINE
+SHOWN_ERRORS = 3  # detailed warnings per batch; the rest are counted
 
 
 class RewardError(RlvrError, ValueError):
     """A reward term that cannot be loaded; the message names the term."""
+
+
+class RewardTimeout(Exception):
+    """Raised inside a reward call that ran past `reward.timeout_s` (in-process mode)."""
+
+
+def combine(terms: dict[str, torch.Tensor], weights: dict[str, float], order: str = "sum_then_normalise",
+            eps: float = 1e-6) -> torch.Tensor:
+    """Scores [P, G] for the advantages from per-term rewards [P, G] (P prompts, G samples each).
+
+    "sum_then_normalise": the weighted sum (the advantage then normalises it within each group);
+    "normalise_then_sum": each term normalised within its group first, (r - mean) / (std + eps),
+    then the weighted sum, so a term with a large spread cannot drown the others.
+
+    >>> import torch
+    >>> t = {"a": torch.tensor([[0.0, 1.0]]), "b": torch.tensor([[0.0, 10.0]])}
+    >>> combine(t, {"a": 1.0, "b": 1.0}).tolist(), combine(t, {"a": 1.0, "b": 1.0}, "normalise_then_sum").round().tolist()
+    ([[0.0, 11.0]], [[-1.0, 1.0]])
+    """
+    if order == "normalise_then_sum":
+        terms = {n: (t - t.mean(dim=1, keepdim=True)) / (t.std(dim=1, keepdim=True) + eps) for n, t in terms.items()}
+    elif order != "sum_then_normalise":
+        raise ValueError(f"reward.combine must be one of {COMBINE}, got {order!r}")
+    return sum(weights[n] * t for n, t in terms.items())
 
 
 class Rewards:
@@ -30,28 +71,79 @@ class Rewards:
     def __init__(self, cfg: DictConfig):
         self.weights: dict[str, float] = {}
         self.fns: dict[str, Callable[..., float]] = {}
+        specs = {}
         for name, term in cfg.terms.items():
             try:
                 fn = get_method(term._target_)
             except Exception as e:  # hydra wraps the import error; say which term and path
                 raise RewardError(f"reward.terms.{name}._target_={term._target_!r} cannot be imported: {e}") from e
-            self.fns[name] = functools.partial(fn, **OmegaConf.to_container(term.kwargs))
+            kwargs = OmegaConf.to_container(term.kwargs)
+            specs[name] = (term._target_, kwargs)
+            self.fns[name] = functools.partial(fn, **kwargs)
             self.weights[name] = float(term.weight)
         self.correct_term = cfg.correct_term
-        self.errors = 0  # calls that raised, over the run
+        self.timeout_s = cfg.timeout_s or None
+        self.error_value = float(cfg.error_value)
+        self.order = cfg.combine
+        self.pool = RewardPool(specs, cfg.workers, self.timeout_s) if cfg.workers > 0 else None
+        self.errors = 0  # calls that failed (raised, timed out, not finite), over the run
 
-    def score(self, rollouts: list[Rollout]) -> None:
-        """Fill `rewards` and `reward` of each rollout. A term that raises scores 0 and is counted."""
+    def _call_here(self, name: str, completion: str, prompt) -> Outcome:
+        """One call in this process, under a SIGALRM timer when this is the main thread."""
+        timed = self.timeout_s is not None and threading.current_thread() is threading.main_thread()
+
+        def expire(signum, frame):
+            raise RewardTimeout
+
+        previous = signal.signal(signal.SIGALRM, expire) if timed else None
+        try:
+            if timed:
+                signal.setitimer(signal.ITIMER_REAL, self.timeout_s)
+            return float(self.fns[name](completion, prompt)), None
+        except RewardTimeout:
+            return None, f"timed out after {self.timeout_s:g} s"
+        except Exception as e:
+            return None, f"{type(e).__name__}: {e}"
+        finally:
+            if timed:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+                signal.signal(signal.SIGALRM, previous)
+
+    def score(self, rollouts: list[Rollout]) -> int:
+        """Fill `rewards`, `reward` and `reward_errors` of each rollout; return how many calls failed."""
+        calls: list[Call] = [(name, r.text, r.prompt) for r in rollouts for name in self.fns]
+        outcomes = self.pool.run(calls) if self.pool else [self._call_here(*c) for c in calls]
+        failed = 0
+        for i, (name, _, _) in enumerate(calls):
+            r = rollouts[i // len(self.fns)]
+            value, error = outcomes[i]
+            if error is None and not math.isfinite(value):
+                error = f"returned {value}"
+            if error is not None:
+                failed += 1
+                if failed <= SHOWN_ERRORS:
+                    log.warning("reward %r failed (%s; scored %g) on completion %r (answer %r)", name, error,
+                                self.error_value, r.text[:200], r.prompt.answer[:100])
+                r.reward_errors[name] = error
+                value = self.error_value
+            r.rewards[name] = value
         for r in rollouts:
-            for name, fn in self.fns.items():
-                try:
-                    r.rewards[name] = float(fn(r.text, r.prompt))
-                except Exception as e:
-                    self.errors += 1
-                    log.warning("reward %r raised %s: %s (scored 0) on completion %r", name,
-                                type(e).__name__, e, r.text[:200])
-                    r.rewards[name] = 0.0
             r.reward = sum(self.weights[n] * v for n, v in r.rewards.items())
+        if failed > SHOWN_ERRORS:
+            log.warning("... %d more reward calls failed in this batch", failed - SHOWN_ERRORS)
+        self.errors += failed
+        return failed
+
+    def scores(self, rollouts: list[Rollout], group_size: int) -> torch.Tensor:
+        """Scores [P, G] for the advantages: the terms combined in `reward.combine`'s order."""
+        import torch
+
+        terms = {n: torch.tensor([r.rewards[n] for r in rollouts]).view(-1, group_size) for n in self.fns}
+        return combine(terms, self.weights, self.order)
 
     def is_correct(self, rollout: Rollout) -> bool:
         return rollout.rewards[self.correct_term] >= 1.0
+
+    def close(self) -> None:
+        if self.pool:
+            self.pool.close()

@@ -27,3 +27,18 @@ def digit_fraction(completion: str, prompt: Prompt) -> float:
     (0.5, 0.0)
     """
     return sum(c.isdigit() for c in completion) / len(completion) if completion else 0.0
+
+
+def length_penalty(completion: str, prompt: Prompt, limit: int, span: int | None = None) -> float:
+    """0.0 for a completion of at most `limit` characters, falling linearly to -1.0 at `limit + span`
+    characters (`span` defaults to `limit`) and staying there. Give it a positive weight; it only
+    ever subtracts. (For a penalty in tokens near rollout.max_tokens, see algorithm.overlong.)
+
+    >>> p = Prompt(messages=[], answer="")
+    >>> length_penalty("abcd", p, limit=4), length_penalty("abcdef", p, limit=4), length_penalty("x" * 99, p, limit=4)
+    (0.0, -0.5, -1.0)
+    """
+    if limit < 0 or (span is not None and span <= 0):
+        raise ValueError(f"length_penalty needs limit >= 0 and span > 0, got limit={limit}, span={span}")
+    span = span or max(limit, 1)
+    return -min(1.0, (len(completion) - limit) / span) if len(completion) > limit else 0.0
