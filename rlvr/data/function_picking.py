@@ -204,7 +204,7 @@ FUNCTIONS = [
 ]
 ARGUMENTS = ("none", "easy", "hard")
 INSTRUCTIONS = {
-    "none": "Reply with the name of the function to call, in <answer></answer> tags.",
+    "none": "Which function should be called? Answer with its name in <answer></answer> tags.",
     "easy": 'Reply with the call as JSON in <answer></answer> tags: {"name": ..., "arguments": {...}}.',
     "hard": 'Reply with the call as JSON in <answer></answer> tags: {"name": ..., "arguments": {...}}.',
 }
@@ -259,7 +259,7 @@ class FunctionPickingTask:
             messages.insert(0, {"role": "system", "content": self.system_prompt})
         call = {"name": target.name} if self.arguments == "none" else {"name": target.name, "arguments": args}
         return Prompt(messages=messages, answer=json.dumps(call, ensure_ascii=False),
-                      meta={"function": target.name, "request": request})
+                      meta={"function": target.name, "request": request, "functions": [f.name for f in listed]})
 
     def sample(self, n: int) -> list[Prompt]:
         return [self._draw(self.rng, held_out=False) for _ in range(n)]

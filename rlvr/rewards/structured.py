@@ -130,7 +130,26 @@ def arguments_match(got, want: dict, partial: bool = True) -> float:
     return agree / len(keys) if partial else float(agree == len(keys))
 
 
-def function_name(completion: str, prompt: Prompt) -> float:
+def answered_call(completion: str, prompt: Prompt, fallback_mentioned: bool = False) -> dict | None:
+    """The call a completion answers with: `parse_call` of its last <answer>…</answer>. Without tags,
+    and with `fallback_mentioned`, the first of the prompt's listed functions (`prompt.meta["functions"]`)
+    that the completion names, the way a number-answer reward may fall back to the last number.
+
+    >>> p = Prompt(messages=[], answer="", meta={"functions": ["get_news", "set_timer"]})
+    >>> answered_call("I would call set_timer here.", p, fallback_mentioned=True), answered_call("set_timer", p)
+    ({'name': 'set_timer'}, None)
+    """
+    found = answer_tag(completion)
+    if found is not None:
+        return parse_call(found)
+    if fallback_mentioned:
+        mentioned = [(at, name) for name in prompt.meta.get("functions", []) if (at := completion.find(name)) >= 0]
+        if mentioned:
+            return {"name": min(mentioned)[1]}
+    return None
+
+
+def function_name(completion: str, prompt: Prompt, fallback_mentioned: bool = False) -> float:
     """1.0 when the answer calls the expected function (`prompt.answer` is the expected call as JSON,
     `{"name": …, "arguments": {…}}`), whatever its arguments; else 0.0.
 
@@ -138,14 +157,13 @@ def function_name(completion: str, prompt: Prompt) -> float:
     >>> function_name("<answer>get_weather</answer>", p), function_name("<answer>set_timer</answer>", p)
     (1.0, 0.0)
     """
-    found = answer_tag(completion)
-    call = parse_call(found) if found is not None else None
+    call = answered_call(completion, prompt, fallback_mentioned)
     return float(call is not None and call["name"] == json.loads(prompt.answer)["name"])
 
 
-def function_call_match(completion: str, prompt: Prompt, partial: bool = True) -> float:
-    """The function call in <answer> tags against the expected one: 0.0 for the wrong function; for
-    the right one, 1.0 when no arguments are expected, else `arguments_match` of the arguments.
+def function_call_match(completion: str, prompt: Prompt, partial: bool = True, fallback_mentioned: bool = False) -> float:
+    """The function call in the answer (see `answered_call`) against the expected one: 0.0 for the
+    wrong function; for the right one, 1.0 when no arguments are expected, else `arguments_match`.
 
     >>> p = Prompt(messages=[], answer='{"name": "get_weather", "arguments": {"city": "Oslo", "unit": "celsius"}}')
     >>> function_call_match('<answer>{"name": "get_weather", "arguments": {"unit": "celsius", "city": "Oslo"}}</answer>', p)
@@ -155,8 +173,7 @@ def function_call_match(completion: str, prompt: Prompt, partial: bool = True) -
     >>> function_call_match('<answer>get_weather</answer>', Prompt(messages=[], answer='{"name": "get_weather"}'))
     1.0
     """
-    found = answer_tag(completion)
-    call = parse_call(found) if found is not None else None
+    call = answered_call(completion, prompt, fallback_mentioned)
     want = json.loads(prompt.answer)
     if call is None or call["name"] != want["name"]:
         return 0.0

@@ -70,6 +70,11 @@ class RolloutEngine:
         if device == "cpu":
             # vLLM would otherwise reserve most of the machine's RAM for the KV cache.
             kwargs["kv_cache_memory_bytes"] = int(cfg.kv_cache_gib * 2**30)
+            # A prompt whose prefill is split over engine steps makes vLLM rewind the request's
+            # random generator, which torch's CPU generator cannot do ("CPU Generator does not use
+            # offset") when requests are seeded, as ours are: prefill every prompt in one piece.
+            kwargs["enable_chunked_prefill"] = False
+            kwargs["max_num_batched_tokens"] = max(cfg.max_model_len, 8192)
         else:
             kwargs["gpu_memory_utilization"] = cfg.gpu_memory_utilization
         self.llm = LLM(
