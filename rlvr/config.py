@@ -57,6 +57,23 @@ class FunctionPickingDataConfig(DataConfig):
 
 
 @dataclass
+class FileDataConfig(DataConfig):
+    _target_: str = "rlvr.data.files.DatasetTask"
+    path: str = MISSING
+    format: str = "auto"
+    split: str | None = None
+    prompt_key: str | None = "prompt"
+    answer_key: str = "answer"
+    messages_key: str | None = None
+    system_key: str | None = None
+    prompt_template: str = "{prompt}"
+    eval_path: str | None = None
+    eval_split: str | None = None
+    shuffle: bool = True
+    max_prompt_tokens: int | None = None
+
+
+@dataclass
 class RewardTerm:
     _target_: str = MISSING
     weight: float = 1.0
@@ -195,6 +212,7 @@ def register() -> None:
         cs.store(group=group, name=f"{group}_schema", node=node)
     cs.store(group="data", name="multiplication_schema", node=MultiplicationDataConfig)
     cs.store(group="data", name="function_picking_schema", node=FunctionPickingDataConfig)
+    cs.store(group="data", name="file_schema", node=FileDataConfig)
 
 
 class ConfigError(RlvrError, ValueError):
@@ -246,6 +264,7 @@ def check(cfg: DictConfig) -> None:
          "must be between 1 and the sequences per step (data.batch_size * algorithm.group_size)")
     need(a.tis_cap is None or a.tis_cap >= 1, "algorithm.tis_cap", "must be >= 1 (or null for no correction)")
     need(d.batch_size >= 1, "data.batch_size", "must be >= 1")
+    need(d.eval_size >= 1, "data.eval_size", "must be >= 1 (the evaluation and the weight-sync canary use these prompts)")
     need(r.temperature > 0, "rollout.temperature", "must be > 0 (the learner divides logits by it)")
     need(0 < r.top_p <= 1, "rollout.top_p", "must be in (0, 1]")
     need(r.max_tokens >= 1, "rollout.max_tokens", "must be >= 1")

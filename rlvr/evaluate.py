@@ -8,13 +8,13 @@ import logging
 import time
 from pathlib import Path
 
-from hydra.utils import instantiate
 from omegaconf import DictConfig
 from rich.console import Console
 from rich.table import Table
 
 from rlvr import models
 from rlvr.config import check
+from rlvr.data import build_task
 from rlvr.rewards import Rewards
 from rlvr.types import Prompt, Rollout
 
@@ -97,9 +97,9 @@ def run_eval(cfg: DictConfig, run_dir: Path) -> dict[str, float]:
     from rlvr.train import pick_device
 
     check(cfg)
-    task = instantiate(cfg.data, seed=cfg.seed, _convert_="all")
     rewards = Rewards(cfg.reward)
     model_path = models.resolve(cfg.model, Path(cfg.cache_dir))
+    task = build_task(cfg, model_path)
     device = pick_device(cfg.trainer.device)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     prompts = task.eval_prompts()

@@ -27,12 +27,19 @@ log = logging.getLogger(__name__)
 
 
 def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                   temperature: float = 1.0) -> torch.Tensor:
-    """Logprobs [N, T-1] of tokens 1.. of `input_ids` [N, T] under `model`, in one batched forward."""
-    logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
-    logits = logits[:, :-1].float() / temperature  # [N, T-1, V]; position t predicts token t+1
-    targets = input_ids[:, 1:].unsqueeze(-1)  # [N, T-1, 1]
-    return logits.gather(-1, targets).squeeze(-1) - logits.logsumexp(dim=-1)
+                   temperature: float = 1.0, start: int = 0) -> torch.Tensor:
+    """Logprobs [N, T-1] of tokens 1.. of `input_ids` [N, T] under `model`, in one batched forward.
+
+    Only positions `start`.. go through the LM head (the rest are 0): with long prompts, logits over
+    the whole vocabulary at every prompt position would cost more than the rest of the model.
+    """
+    t = input_ids.shape[1]
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False,
+                   logits_to_keep=t - start).logits  # [N, t - start, V]: positions start..t-1
+    logits = logits[:, :-1].float() / temperature  # position s predicts token s+1
+    targets = input_ids[:, start + 1 :].unsqueeze(-1)  # [N, t-1-start, 1]
+    logprobs = logits.gather(-1, targets).squeeze(-1) - logits.logsumexp(dim=-1)
+    return torch.nn.functional.pad(logprobs, (start, 0))
 
 
 def make_batch(rollouts: list[Rollout], pad_id: int, mask_truncated: bool = False) -> Batch:
@@ -106,7 +113,10 @@ class Learner:
         """(logprobs [n, t], loss mask [n, t], width) of a micro-batch, trimmed of all-padding columns."""
         width = int(part.attention_mask.sum(dim=1).max())
         ids, attn = part.input_ids[:, :width].to(self.device), part.attention_mask[:, :width].to(self.device)
-        return token_logprobs(model, ids, attn, self.temperature), part.loss_mask[:, : width - 1].to(self.device), width
+        scored = part.loss_mask[:, : width - 1].any(dim=0).nonzero()  # positions whose logprob anything uses
+        start = int(scored[0]) if len(scored) else width - 2
+        return (token_logprobs(model, ids, attn, self.temperature, start), part.loss_mask[:, : width - 1].to(self.device),
+                width)
 
     @torch.no_grad()
     def batch_logprobs(self, batch: Batch, reference: bool = False) -> torch.Tensor:

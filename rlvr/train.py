@@ -27,14 +27,13 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from hydra.utils import instantiate
 from omegaconf import DictConfig
 
 from rlvr import checkpoint, models
 from rlvr.algorithms import advantages
 from rlvr.algorithms.losses import kl_penalty, overlong_penalty
 from rlvr.config import check
-from rlvr.data import Task
+from rlvr.data import Task, build_task
 from rlvr.errors import RlvrError
 from rlvr.evaluate import greedy, render, sample_record, summarise
 from rlvr.learner import Learner, make_batch
@@ -165,15 +164,15 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, float]:
     t_start = time.perf_counter()
     # Everything that can fail on bad input fails here, before a model loads.
     check(cfg)
-    task = instantiate(cfg.data, seed=cfg.seed, _convert_="all")
     rewards = Rewards(cfg.reward)
+    model_path = models.resolve(cfg.model, Path(cfg.cache_dir))
+    task = build_task(cfg, model_path)
     device = pick_device(cfg.trainer.device)
     if cfg.trainer.num_threads is not None:  # before the engine starts: vLLM pins its threads
         torch.set_num_threads(cfg.trainer.num_threads)
     random.seed(cfg.seed)
     np.random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
-    model_path = models.resolve(cfg.model, Path(cfg.cache_dir))
     resume = checkpoint.find(cfg.trainer.resume, run_dir)
     policy_path = resume / "model" if resume else model_path  # a resumed run starts from the checkpoint
     learner = Learner(policy_path, cfg.model, cfg.optim, cfg.algorithm, cfg.trainer,

@@ -5,13 +5,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from hydra.utils import get_method, instantiate
+from hydra.utils import get_method
 
 from rlvr.cli import CONFIG_DIR
 from rlvr.config import ConfigError, check
+from rlvr.data import build_task
 from rlvr.rewards import Rewards
 
 from .conftest import compose_config, run_cli
+from .test_files import ROWS, SUFFIX, write
 
 GROUPS = ["model", "data", "reward", "algorithm", "rollout", "optim", "trainer", "logger", "eval"]
 
@@ -21,12 +23,15 @@ def _options(group: str) -> list[str]:
 
 
 @pytest.mark.parametrize("group, option", [(g, o) for g in GROUPS + ["experiment"] for o in _options(g)])
-def test_every_option_composes_and_passes_the_checks(group, option):
+def test_every_option_composes_and_passes_the_checks(group, option, tmp_path):
     override = f"+experiment={option}" if group == "experiment" else f"{group}={option}"
     extra = ["model.path=/some/model"] if option == "local" else []
+    if group == "data" and option in SUFFIX:  # a dataset option needs a dataset
+        path = write(tmp_path / f"data{SUFFIX[option]}", ROWS, option)
+        extra = [f"data.path={path}", "data.prompt_key=question", "data.eval_size=2"]
     cfg = compose_config([override, *extra])
     check(cfg)
-    task = instantiate(cfg.data, seed=cfg.seed, _convert_="all")
+    task = build_task(cfg)
     assert task.sample(2) and task.eval_prompts()
     Rewards(cfg.reward)
     if cfg.model.build is not None:

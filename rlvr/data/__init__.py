@@ -1,13 +1,22 @@
 """Tasks: where prompts come from.
 
 A task is any class named by `data._target_`; it is built with the keys of the `data` group
-(except `_target_`) plus `seed`, and must offer the methods of `Task`.
+(except `_target_`) plus `seed`, and must offer the methods of `Task`. A task whose constructor
+takes `tokenizer` also gets the model's tokenizer, and one that takes `max_prompt_tokens` gets,
+when the config leaves it null, the room the context leaves a prompt
+(rollout.max_model_len - rollout.max_tokens).
 """
 
 from __future__ import annotations
 
+import inspect
 import random
+from pathlib import Path
 from typing import Protocol
+
+from omegaconf import DictConfig, OmegaConf
+
+from rlvr.errors import RlvrError
 
 from rlvr.types import Prompt
 
@@ -48,3 +57,36 @@ def set_rng_state(rng: random.Random, state: list) -> None:
     """Undo `rng_state`."""
     version, internal, gauss = state
     rng.setstate((version, tuple(internal), gauss))
+
+
+class TaskError(RlvrError, ValueError):
+    """A task that cannot be built from the `data` config; the message says which key or file."""
+
+
+def build_task(cfg: DictConfig, model_path: Path | None = None) -> Task:
+    """The task of `cfg.data`, built as the module docstring says."""
+    from hydra.utils import get_class
+
+    try:
+        cls = get_class(cfg.data._target_)
+    except Exception as e:  # hydra wraps the import error
+        raise TaskError(f"data._target_={cfg.data._target_!r} cannot be imported: {e}") from e
+    kwargs = {k: v for k, v in OmegaConf.to_container(cfg.data, resolve=True).items() if k != "_target_"}
+    params = inspect.signature(cls).parameters
+    unknown = sorted(k for k in kwargs if k not in params) if not any(
+        p.kind is p.VAR_KEYWORD for p in params.values()) else []
+    if unknown:
+        raise TaskError(f"data: {cfg.data._target_} takes no key {unknown[0]!r} (it takes {sorted(params)})")
+    kwargs["seed"] = cfg.seed
+    if "tokenizer" in params and model_path is not None:
+        from transformers import AutoTokenizer
+
+        kwargs["tokenizer"] = AutoTokenizer.from_pretrained(model_path)
+    if "max_prompt_tokens" in params and kwargs.get("max_prompt_tokens") is None:
+        kwargs["max_prompt_tokens"] = cfg.rollout.max_model_len - cfg.rollout.max_tokens
+    try:
+        return cls(**kwargs)
+    except RlvrError:
+        raise
+    except (ValueError, TypeError) as e:  # a task's own check of its keys
+        raise TaskError(f"data ({cfg.data._target_}): {e}") from e

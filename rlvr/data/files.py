@@ -1,0 +1,219 @@
+"""A task from a dataset: JSONL, JSON, CSV or Parquet files, or a Hugging Face `datasets` folder
+(`save_to_disk`) or hub name (when the network allows).
+
+Each row becomes a `Prompt`: the user message is `prompt_template` with "{prompt}" replaced by the
+row's `prompt_key` column (or the row's chat messages, `messages_key`), an optional system message
+(`system_key` column or a fixed `system_prompt`), and `answer_key` as the ground truth. The other
+columns go into `Prompt.meta` for rewards that need them (e.g. a JSON schema per row). Every row is
+checked at start: a missing column or an empty prompt fails with the file, row and column.
+
+Evaluation uses `eval_path` when given, else `eval_size` rows held out from `path` (chosen with a
+fixed seed, so the same for every run). Training draws the other rows in a seeded shuffled order,
+epoch after epoch. Prompts longer than `max_prompt_tokens` under the model's chat template are dropped.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import random
+from pathlib import Path
+
+from rlvr.data import rng_state, set_rng_state
+from rlvr.errors import RlvrError
+from rlvr.types import Prompt
+
+log = logging.getLogger(__name__)
+
+FORMATS = ("auto", "jsonl", "json", "csv", "parquet", "hf")
+SUFFIXES = {".jsonl": "jsonl", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
+
+
+class DataError(RlvrError, ValueError):
+    """A dataset that cannot be used; the message names the file, and the row and column when it is one of them."""
+
+
+def detect_format(path: str) -> str:
+    """The format of `path` from its suffix; a folder is a `datasets` folder, "owner/name" a hub name."""
+    p = Path(path)
+    if p.is_dir():
+        return "hf"
+    if p.suffix in SUFFIXES:
+        return SUFFIXES[p.suffix]
+    if not p.exists() and not path.startswith((".", "/", "~")) and path.count("/") <= 1:
+        return "hf"  # a hub name like "openai/gsm8k"
+    raise DataError(f"data.path={path!r}: cannot tell its format from the name; set data.format to one of "
+                    f"{FORMATS[1:]}")
+
+
+def read_rows(path: str, format: str = "auto", split: str | None = None) -> list[dict]:
+    """The rows of a dataset as dicts, in file order."""
+    format = detect_format(path) if format == "auto" else format
+    if format not in FORMATS:
+        raise DataError(f"data.format must be one of {FORMATS}, got {format!r}")
+    if format != "hf" and not Path(path).is_file():
+        raise DataError(f"data.path={path!r} does not exist (or is not a file)")
+    if format == "jsonl":
+        rows = []
+        with open(path, encoding="utf-8") as f:
+            for line_no, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    rows.append(json.loads(line))
+                except ValueError as e:
+                    raise DataError(f"{path}, line {line_no}: not valid JSON ({e})") from None
+                if not isinstance(rows[-1], dict):
+                    raise DataError(f"{path}, line {line_no}: expected a JSON object, got {type(rows[-1]).__name__}")
+        return rows
+    if format == "json":
+        try:
+            data = json.loads(Path(path).read_text(encoding="utf-8"))
+        except ValueError as e:
+            raise DataError(f"{path}: not valid JSON ({e})") from None
+        if isinstance(data, dict):  # {"train": [...], "test": [...]} or {"data": [...]}
+            lists = {k: v for k, v in data.items() if isinstance(v, list)}
+            key = split if split is not None else (next(iter(lists)) if len(lists) == 1 else None)
+            if key not in lists:
+                raise DataError(f"{path}: a JSON object must hold one list of rows, or name one with data.split "
+                                f"(lists here: {sorted(lists)})")
+            data = lists[key]
+        if not isinstance(data, list) or not all(isinstance(r, dict) for r in data):
+            raise DataError(f"{path}: expected a list of JSON objects (one per row)")
+        return data
+    if format == "csv":
+        with open(path, encoding="utf-8", newline="") as f:
+            return list(csv.DictReader(f))
+    if format == "parquet":
+        import pyarrow.parquet as pq
+
+        try:
+            return pq.read_table(path).to_pylist()
+        except Exception as e:  # pyarrow raises ArrowInvalid on a damaged file
+            raise DataError(f"{path}: not a readable Parquet file ({e})") from None
+    return _read_hf(path, split)
+
+
+def _read_hf(path: str, split: str | None) -> list[dict]:
+    import datasets
+
+    try:
+        if Path(path).is_dir():
+            data = datasets.load_from_disk(path)
+        else:
+            data = datasets.load_dataset(path, split=split)
+    except Exception as e:  # no such folder, not a saved dataset, or no network for a hub name
+        raise DataError(f"data.path={path!r}: cannot load it as a Hugging Face dataset ({type(e).__name__}: {e})") from None
+    if isinstance(data, datasets.DatasetDict):
+        if split is None and len(data) == 1:
+            split = next(iter(data))
+        if split not in data:
+            raise DataError(f"data.path={path!r} holds the splits {sorted(data)}; choose one with data.split")
+        data = data[split]
+    return data.to_list()
+
+
+class DatasetTask:
+    """Prompts from the rows of a dataset (see the module docstring for every option)."""
+
+    def __init__(self, path: str, prompt_key: str | None = "prompt", answer_key: str = "answer",
+                 messages_key: str | None = None, system_key: str | None = None,
+                 system_prompt: str | None = None, prompt_template: str = "{prompt}", format: str = "auto",
+                 split: str | None = None, eval_path: str | None = None, eval_split: str | None = None,
+                 eval_size: int = 64, shuffle: bool = True, max_prompt_tokens: int | None = None,
+                 tokenizer=None, batch_size: int = 8, seed: int = 0):
+        if messages_key is None and "{prompt}" not in prompt_template:
+            raise DataError(f"data.prompt_template must contain {{prompt}}: {prompt_template!r}")
+        self.keys = {"prompt": prompt_key, "answer": answer_key, "messages": messages_key, "system": system_key}
+        self.system_prompt, self.template = system_prompt, prompt_template
+        rows = read_rows(path, format, split)
+        prompts = [self._prompt(row, path, i) for i, row in enumerate(rows, 1)]
+        if eval_path is not None:
+            eval_prompts = [self._prompt(row, eval_path, i) for i, row in enumerate(read_rows(eval_path, format, eval_split), 1)]
+        else:
+            if len(prompts) <= eval_size:
+                raise DataError(f"{path} has {len(prompts)} rows: too few to hold out data.eval_size={eval_size} for "
+                                "evaluation and train on the rest (lower data.eval_size or give data.eval_path)")
+            held_out = set(random.Random(12345).sample(range(len(prompts)), eval_size))  # fixed for every run
+            eval_prompts = [p for i, p in enumerate(prompts) if i in held_out]
+            prompts = [p for i, p in enumerate(prompts) if i not in held_out]
+        if tokenizer is not None and max_prompt_tokens is not None:
+            prompts = self._fitting(prompts, tokenizer, max_prompt_tokens, path)
+            eval_prompts = self._fitting(eval_prompts, tokenizer, max_prompt_tokens, eval_path or path)
+        self.train, self.eval = prompts, eval_prompts[:eval_size] if eval_path else eval_prompts
+        self.shuffle, self.rng = shuffle, random.Random(seed)
+        self.order: list[int] = []
+        self.position, self.epoch = 0, 0
+
+    def _prompt(self, row: dict, path: str, row_no: int) -> Prompt:
+        def column(key: str) -> object:
+            if key not in row or row[key] is None:
+                raise DataError(f"{path}, row {row_no}: column {key!r} is missing (columns: {sorted(row)})")
+            return row[key]
+
+        if self.keys["messages"] is not None:
+            messages = column(self.keys["messages"])
+            if (not isinstance(messages, list) or not messages
+                    or not all(isinstance(m, dict) and {"role", "content"} <= m.keys() for m in messages)):
+                raise DataError(f"{path}, row {row_no}: column {self.keys['messages']!r} must be a non-empty list of "
+                                "{'role': ..., 'content': ...} messages")
+            messages = [{"role": m["role"], "content": m["content"]} for m in messages]
+            while messages and messages[-1]["role"] == "assistant":  # a reference reply is not part of the prompt
+                messages.pop()
+            if not messages:
+                raise DataError(f"{path}, row {row_no}: column {self.keys['messages']!r} holds no user message")
+        else:
+            text = str(column(self.keys["prompt"]))
+            if not text.strip():
+                raise DataError(f"{path}, row {row_no}: column {self.keys['prompt']!r} is an empty prompt")
+            messages = [{"role": "user", "content": self.template.replace("{prompt}", text)}]
+        system = str(column(self.keys["system"])) if self.keys["system"] is not None else self.system_prompt
+        if system is not None and messages[0]["role"] != "system":
+            messages.insert(0, {"role": "system", "content": system})
+        answer = column(self.keys["answer"])
+        used = {k for k in self.keys.values() if k is not None}
+        return Prompt(messages=messages, answer=answer if isinstance(answer, str) else json.dumps(answer),
+                      meta={"row": row_no, **{k: v for k, v in row.items() if k not in used}})
+
+    @staticmethod
+    def _fitting(prompts: list[Prompt], tokenizer, limit: int, path: str) -> list[Prompt]:
+        from rlvr.evaluate import render
+
+        kept = [p for p in prompts if len(render(tokenizer, p)) <= limit]
+        if len(kept) < len(prompts):
+            log.warning("%s: dropped %d of %d prompts longer than %d tokens (data.max_prompt_tokens)",
+                        path, len(prompts) - len(kept), len(prompts), limit)
+        if prompts and not kept:
+            raise DataError(f"{path}: every prompt is longer than data.max_prompt_tokens={limit} tokens; raise it "
+                            "(and rollout.max_model_len) or shorten the prompts")
+        return kept
+
+    def sample(self, n: int) -> list[Prompt]:
+        """The next `n` training prompts; a new (shuffled) pass over the rows starts when one ends."""
+        out = []
+        while len(out) < n:
+            if self.position >= len(self.order):
+                self.order = list(range(len(self.train)))
+                if self.shuffle:
+                    self.rng.shuffle(self.order)
+                self.position, self.epoch = 0, self.epoch + 1
+            out.append(self.train[self.order[self.position]])
+            self.position += 1
+        return out
+
+    def eval_prompts(self) -> list[Prompt]:
+        return self.eval
+
+    def update(self, accuracy: float) -> None:
+        pass
+
+    def metrics(self) -> dict[str, float]:
+        return {"data/epoch": float(self.epoch)}
+
+    def state_dict(self) -> dict:
+        return {"rng": rng_state(self.rng), "order": self.order, "position": self.position, "epoch": self.epoch}
+
+    def load_state_dict(self, state: dict) -> None:
+        set_rng_state(self.rng, state["rng"])
+        self.order, self.position, self.epoch = list(state["order"]), state["position"], state["epoch"]
