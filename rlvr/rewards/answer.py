@@ -209,3 +209,21 @@ def answer_format(completion: str, prompt: Prompt, kind: str = "number") -> floa
     if "<answer>" in completion or "</answer>" in completion:
         return 0.25
     return 0.0
+
+_THINK_ANSWER = re.compile(r"\s*<think>(?:(?!</?think>).)+</think>\s*<answer>(?:(?!</?answer>).)+</answer>\s*", re.DOTALL)
+_THINK = re.compile(r"<think>.*?</think>", re.DOTALL)
+
+
+def think_answer_format(completion: str, prompt: Prompt) -> float:
+    """1.0 for exactly "<think>…</think><answer>…</answer>" (both non-empty, nothing around them but
+    space); 0.5 when both blocks appear but not in that clean shape; 0.0 otherwise.
+
+    >>> p = Prompt(messages=[], answer="")
+    >>> think_answer_format("<think>6*7</think> <answer>42</answer>", p)
+    1.0
+    >>> think_answer_format("I think <answer>42</answer> <think>hm</think>", p), think_answer_format("<think>x", p)
+    (0.5, 0.0)
+    """
+    if _THINK_ANSWER.fullmatch(completion):
+        return 1.0
+    return 0.5 if _THINK.search(completion) and _ANSWER.search(completion) else 0.0

@@ -76,6 +76,7 @@ class RewardPool:
                         got, value, error = conn.recv()
                         outcomes[got] = (value, error)
                     except EOFError:  # the worker died mid-call (e.g. the reward called os._exit)
+                        process.join(timeout=5)
                         outcomes[index] = (None, f"the reward worker died (exit code {process.exitcode})")
                         self._replace(slot)
                     del busy[slot]

@@ -66,7 +66,9 @@ def json_schema_match(completion: str, prompt: Prompt, schema: dict | None = Non
     payload = _load(completion)
     if payload is _INVALID:
         return 0.0
-    schema = schema if schema is not None else prompt.meta["schema"]
+    schema = schema if schema is not None else prompt.meta.get("schema")
+    if schema is None:
+        raise ValueError("json_schema_match needs a schema: set its kwargs.schema, or give the data a 'schema' column")
     return float(jsonschema.Draft202012Validator(schema).is_valid(payload))
 
 

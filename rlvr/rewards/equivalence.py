@@ -4,16 +4,21 @@
 from __future__ import annotations
 
 import logging
+import re
 
+from rlvr.rewards.answer import answer_tag
 from rlvr.types import Prompt
+
+_THOUSANDS = re.compile(r"(?<=[0-9]),(?=[0-9]{3}(?![0-9]))")
 
 logging.getLogger("math_verify").setLevel(logging.ERROR)  # it warns that we run its timeouts off: rlvr runs its own
 
 
 def math_equal(completion: str, prompt: Prompt) -> float:
-    """1.0 when the completion's final answer (its last \\boxed{}, else its last expression) is
-    mathematically equal to the ground truth, else 0.0. A GSM8K-style ground truth ("…#### 72")
-    is read after its "####".
+    """1.0 when the completion's final answer (in its last <answer> tags if any; there, or else in
+    the whole completion, its last \\boxed{} or else its last expression) is mathematically equal
+    to the ground truth, else 0.0. Thousands separators are dropped ("1,932" is 1932). A GSM8K-style
+    ground truth ("…#### 72") is read after its "####".
 
     math-verify's own signal-based timeouts are off: rlvr's `reward.timeout_s` bounds each call.
 
@@ -25,13 +30,15 @@ def math_equal(completion: str, prompt: Prompt) -> float:
     """
     from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
 
-    gold_text = prompt.answer.rsplit("####", 1)[-1].strip()
+    gold_text = _THOUSANDS.sub("", prompt.answer.rsplit("####", 1)[-1].strip())
     if not gold_text:
         return 0.0
     extraction = [LatexExtractionConfig(), ExprExtractionConfig()]
     gold = parse(gold_text if "$" in gold_text or "\\" not in gold_text else f"${gold_text}$",
                  extraction_config=extraction, parsing_timeout=None)
-    answer = parse(completion, extraction_config=extraction, parsing_timeout=None)
+    tagged = answer_tag(completion)
+    answer = parse(_THOUSANDS.sub("", completion if tagged is None else tagged), extraction_config=extraction,
+                   parsing_timeout=None)
     if not gold or not answer:
         return 0.0
     try:
