@@ -182,7 +182,7 @@ class LoggerConfig:
 @dataclass
 class TrainConfig:
     model: ModelConfig = MISSING
-    data: DataConfig = MISSING
+    data: Any = MISSING  # typed by each data option's own schema; a user's task may have none (see above)
     reward: RewardConfig = MISSING
     algorithm: AlgorithmConfig = MISSING
     rollout: RolloutConfig = MISSING
@@ -263,8 +263,9 @@ def check(cfg: DictConfig) -> None:
     need(1 <= a.mini_batches <= d.batch_size * a.group_size, "algorithm.mini_batches",
          "must be between 1 and the sequences per step (data.batch_size * algorithm.group_size)")
     need(a.tis_cap is None or a.tis_cap >= 1, "algorithm.tis_cap", "must be >= 1 (or null for no correction)")
+    need("batch_size" in d, "data.batch_size", "must be set: the prompts per step")
     need(d.batch_size >= 1, "data.batch_size", "must be >= 1")
-    need(d.eval_size >= 1, "data.eval_size", "must be >= 1 (the evaluation and the weight-sync canary use these prompts)")
+    need(d.get("eval_size", 1) >= 1, "data.eval_size", "must be >= 1 (the evaluation and the weight-sync canary use these prompts)")
     need(r.temperature > 0, "rollout.temperature", "must be > 0 (the learner divides logits by it)")
     need(0 < r.top_p <= 1, "rollout.top_p", "must be in (0, 1]")
     need(r.max_tokens >= 1, "rollout.max_tokens", "must be >= 1")

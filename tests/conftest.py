@@ -43,7 +43,7 @@ def compose_config(overrides: list[str], cache: Path | None = None) -> DictConfi
         return compose(config_name="train", overrides=[*overrides, *extra])
 
 
-def run_cli(args: list[str], cache: Path, timeout: int = 600) -> subprocess.CompletedProcess:
+def run_cli(args: list[str], cache: Path, timeout: int = 600, extra_env: dict | None = None) -> subprocess.CompletedProcess:
     """Run the installed `rlvr` command as a user would; output captured as text."""
-    env = {**os.environ, "RLVR_CACHE": str(cache), "HYDRA_FULL_ERROR": "0"}
+    env = {**os.environ, "RLVR_CACHE": str(cache), "HYDRA_FULL_ERROR": "0", **(extra_env or {})}
     return subprocess.run([RLVR, *args], capture_output=True, text=True, timeout=timeout, env=env)

@@ -94,3 +94,15 @@ def test_an_engine_failure_names_the_step_and_the_request(parts):
     with pytest.raises(EngineError, match=r"failed at step 7 on 1 prompts x 2 samples \(first prompt: 'What is 12"):
         engine.generate(PROMPTS[:1], [too_long], n=2, seed=0, context="at step 7")
     assert len(_generate(learner, engine)) == 8  # and the engine still serves the next request
+
+
+def test_seeded_groups_of_long_prompts_generate(parts):
+    """Prompts that together exceed one engine step's token budget: with chunked prefill, vLLM would
+    split a prefill and rewind its seeded CPU generator, which fails ("CPU Generator does not use offset")."""
+    _, learner, engine = parts
+    long = [Prompt(messages=[{"role": "user", "content": f"{i} " + "seven times twelve " * 120}], answer="84")
+            for i in range(12)]
+    ids = [render(learner.tokenizer, p) for p in long]
+    assert sum(map(len, ids)) > 8192 and max(map(len, ids)) < 1024 - 16
+    rollouts = engine.generate(long, ids, n=2, seed=3)
+    assert len(rollouts) == 24 and all(r.completion_ids for r in rollouts)
