@@ -10,6 +10,7 @@ import pytest
 
 from rlvr.data import TaskError, build_task
 from rlvr.data.files import DataError, DatasetTask, read_rows
+
 from .conftest import compose_config
 
 ROWS = [{"question": f"What is {i} + {i}?", "answer": str(2 * i), "level": i % 3} for i in range(12)]

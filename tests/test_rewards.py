@@ -10,7 +10,6 @@ import time
 import pytest
 from omegaconf import OmegaConf
 
-
 from rlvr.config import RewardConfig
 from rlvr.rewards import RewardError, Rewards, answer, combine, equivalence, structured, text
 from rlvr.types import Prompt, Rollout

@@ -17,7 +17,6 @@ from typing import Protocol
 from omegaconf import DictConfig, OmegaConf
 
 from rlvr.errors import RlvrError
-
 from rlvr.types import Prompt
 
 

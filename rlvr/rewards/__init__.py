@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 from hydra.utils import get_method
 from omegaconf import DictConfig, OmegaConf
 
+from rlvr.config import COMBINE
 from rlvr.errors import RlvrError
 from rlvr.rewards.pool import Call, Outcome, RewardPool
 from rlvr.types import Rollout
@@ -33,7 +34,6 @@ if TYPE_CHECKING:  # imported where used: reward worker processes start without 
 
 log = logging.getLogger(__name__)
 
-from rlvr.config import COMBINE
 SHOWN_ERRORS = 3  # detailed warnings per batch; the rest are counted
 
 
