@@ -167,3 +167,15 @@ def test_build_task_from_config(tmp_path, tiny_path):
                           "data._target_=rlvr.data.multiplication.MultiplicationTask"])
     with pytest.raises(TaskError, match="MultiplicationTask takes no key 'answer_key'"):
         build_task(cfg)
+
+
+def test_a_hub_name_that_cannot_be_reached_fails_clearly(monkeypatch):
+    """A name, not a path, goes to the hub; with no hub (offline here, as on these machines) it says so."""
+    import datasets
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)  # fail at once instead of retrying DNS
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(DataError, match=r"data.path='someone/no-such-dataset': cannot load it as a Hugging Face "
+                                        r"dataset \(ConnectionError"):
+        read_rows("someone/no-such-dataset", split="train")
