@@ -1,12 +1,15 @@
-"""The multiplication task: seeded, held-out split never drawn for training, curriculum."""
+"""The synthetic tasks: seeded, a held-out split never drawn for training, the curriculum, function picking's variants."""
 
 from __future__ import annotations
 
 import json
 
+import jsonschema
 import pytest
 
+from rlvr.data.function_picking import FUNCTIONS, FunctionPickingTask
 from rlvr.data.multiplication import MultiplicationTask, is_held_out
+from rlvr.rewards.structured import function_call_match
 
 TEMPLATE = "What is {a} * {b}?"
 
@@ -75,3 +78,48 @@ def test_state_dict_round_trip_continues_the_same_prompts():
     other = _task(seed=99)
     other.load_state_dict(state)
     assert other.level == 1 and [p.messages for p in other.sample(5)] == expected
+
+
+def _picking(**kw) -> FunctionPickingTask:
+    return FunctionPickingTask(template="{functions}\n{request}\n{instruction}", eval_size=16, **kw)
+
+
+@pytest.mark.parametrize("arguments", ["none", "easy", "hard"])
+def test_function_picking_lists_the_right_function_and_asks_for_what_the_variant_needs(arguments):
+    task = _picking(distractors=4, arguments=arguments, seed=3)
+    for p in task.sample(20):
+        call = json.loads(p.answer)
+        listed = [json.loads(line)["name"] for line in p.messages[0]["content"].splitlines()[:5]]
+        assert len(set(listed)) == 5 and call["name"] in listed and listed == p.meta["functions"]
+        schema = next(f for f in FUNCTIONS if f.name == call["name"]).schema()["parameters"]
+        if arguments == "none":
+            assert call == {"name": call["name"]}
+        else:
+            assert jsonschema.Draft202012Validator(schema).is_valid(call["arguments"])  # a valid call
+            if arguments == "easy":
+                assert set(call["arguments"]) == set(schema["required"])
+                assert all(str(v) in p.meta["request"] for v in call["arguments"].values())  # stated verbatim
+        assert function_call_match(f"<answer>{json.dumps(call)}</answer>", p) == 1.0
+
+
+def test_function_picking_is_seeded_and_its_eval_split_is_held_out():
+    a, b, c = _picking(seed=0), _picking(seed=0), _picking(seed=1)
+    assert [p.answer + p.meta["request"] for p in a.sample(8)] == [p.answer + p.meta["request"] for p in b.sample(8)]
+    assert [p.meta["request"] for p in a.sample(8)] != [p.meta["request"] for p in c.sample(8)]
+    held_out = {p.meta["request"] for p in a.eval_prompts()}
+    assert held_out == {p.meta["request"] for p in c.eval_prompts()} and len(held_out) == 16
+    assert not held_out & {p.meta["request"] for p in a.sample(500)}
+    state = a.state_dict()
+    nxt = [p.answer for p in a.sample(5)]
+    b.load_state_dict(json.loads(json.dumps(state)))
+    assert [p.answer for p in b.sample(5)] == nxt
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"distractors": 15}, "data.distractors must be in"),
+    ({"arguments": "medium"}, "data.arguments must be one of"),
+    ({"template": "{request}"}, "data.template must contain {functions}"),
+])
+def test_function_picking_rejects_bad_knobs(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        FunctionPickingTask(**{"template": "{functions} {request}", **kwargs})

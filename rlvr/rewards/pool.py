@@ -63,7 +63,11 @@ class RewardPool:
             for slot in range(self.size):
                 if slot not in busy and pending:
                     index, (name, completion, prompt) = pending.popleft()
-                    self.workers[slot][1].send((index, name, completion, prompt))
+                    try:
+                        self.workers[slot][1].send((index, name, completion, prompt))
+                    except OSError:  # the worker died while idle: replace it and send again
+                        self._replace(slot)
+                        self.workers[slot][1].send((index, name, completion, prompt))
                     busy[slot] = (index, time.monotonic() + (self.timeout_s or float("inf")))
             first_deadline = min(deadline for _, deadline in busy.values())
             ready = wait([self.workers[slot][1] for slot in busy],
