@@ -100,7 +100,7 @@ def test_seeded_groups_of_long_prompts_generate(parts):
     """Prompts that together exceed one engine step's token budget: with chunked prefill, vLLM would
     split a prefill and rewind its seeded CPU generator, which fails ("CPU Generator does not use offset")."""
     _, learner, engine = parts
-    long = [Prompt(messages=[{"role": "user", "content": f"{i} " + "seven times twelve " * 120}], answer="84")
+    long = [Prompt(messages=[{"role": "user", "content": f"{i} " + "seven times twelve " * 70}], answer="84")
             for i in range(12)]
     ids = [render(learner.tokenizer, p) for p in long]
     assert sum(map(len, ids)) > 8192 and max(map(len, ids)) < 1024 - 16
