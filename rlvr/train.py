@@ -141,8 +141,9 @@ def collect_groups(task: Task, engine: RolloutEngine, tok, rewards: Rewards, cfg
 
 
 def shaped_scores(rollouts: list[Rollout], rewards: Rewards, batch, learner: Learner, cfg: DictConfig):
-    """Scores [P, G] for the advantages: the reward terms combined (reward.combine), plus DAPO's soft overlong punishment and a
-    KL penalty to the reference model when configured. Returns (scores, metrics of the shaping)."""
+    """Scores [P, G] for the advantages: the reward terms combined (reward.combine), plus DAPO's soft
+    overlong punishment and a KL penalty to the reference model when configured. Returns (scores,
+    metrics of the shaping)."""
     a = cfg.algorithm
     scores = rewards.scores(rollouts, a.group_size).flatten()  # [N]
     metrics = {}

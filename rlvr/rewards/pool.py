@@ -23,6 +23,9 @@ Outcome = tuple[float | None, str | None]
 def _serve(conn: Connection, specs: dict[str, tuple[str, dict]]) -> None:
     """Worker loop: import the reward functions, then answer calls until the pipe closes."""
     import functools
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the trainer, which stops after its step
 
     from hydra.utils import get_method
 
