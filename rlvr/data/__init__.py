@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import inspect
 import random
+import zlib
 from pathlib import Path
 from typing import Protocol
 
@@ -44,6 +45,17 @@ class Task(Protocol):
     def load_state_dict(self, state: dict) -> None:
         """Continue exactly where `state_dict` was taken."""
         ...
+
+
+def is_held_out(key: str, fraction: float) -> bool:
+    """Whether the item named `key` belongs to the evaluation split: a hash of the key, so the same
+    for every run, seed and machine."""
+    return zlib.crc32(key.encode()) % 10_000 < fraction * 10_000
+
+
+def chat(user: str, system: str | None = None) -> list[dict[str, str]]:
+    """Chat messages of one user turn, after a system message when one is given."""
+    return ([{"role": "system", "content": system}] if system is not None else []) + [{"role": "user", "content": user}]
 
 
 def rng_state(rng: random.Random) -> list:

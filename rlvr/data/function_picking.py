@@ -19,11 +19,10 @@ from __future__ import annotations
 
 import json
 import random
-import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from rlvr.data import rng_state, set_rng_state
+from rlvr.data import chat, is_held_out, rng_state, set_rng_state
 from rlvr.types import Prompt
 
 CITIES = ["Paris", "Tokyo", "Lima", "Oslo", "Cairo", "Denver", "Madrid", "Seoul", "Nairobi", "Toronto"]
@@ -203,16 +202,12 @@ FUNCTIONS = [
              ("origin", "destination"), _directions),
 ]
 ARGUMENTS = ("none", "easy", "hard")
+_AS_JSON = 'Reply with the call as JSON in <answer></answer> tags: {"name": ..., "arguments": {...}}.'
 INSTRUCTIONS = {
     "none": "Which function should be called? Answer with its name in <answer></answer> tags.",
-    "easy": 'Reply with the call as JSON in <answer></answer> tags: {"name": ..., "arguments": {...}}.',
-    "hard": 'Reply with the call as JSON in <answer></answer> tags: {"name": ..., "arguments": {...}}.',
+    "easy": _AS_JSON,
+    "hard": _AS_JSON,
 }
-
-
-def is_held_out(request: str, fraction: float) -> bool:
-    """Whether a request belongs to the evaluation split (a hash of its text: fixed across runs)."""
-    return zlib.crc32(request.encode()) % 10_000 < fraction * 10_000
 
 
 class FunctionPickingTask:
@@ -254,11 +249,8 @@ class FunctionPickingTask:
         functions = "\n".join(json.dumps(f.schema(), ensure_ascii=False, separators=(",", ":")) for f in listed)
         content = (self.template.replace("{functions}", functions).replace("{request}", request)
                    .replace("{instruction}", INSTRUCTIONS[self.arguments]))
-        messages = [{"role": "user", "content": content}]
-        if self.system_prompt is not None:
-            messages.insert(0, {"role": "system", "content": self.system_prompt})
         call = {"name": target.name} if self.arguments == "none" else {"name": target.name, "arguments": args}
-        return Prompt(messages=messages, answer=json.dumps(call, ensure_ascii=False),
+        return Prompt(messages=chat(content, self.system_prompt), answer=json.dumps(call, ensure_ascii=False),
                       meta={"function": target.name, "request": request, "functions": [f.name for f in listed]})
 
     def sample(self, n: int) -> list[Prompt]:

@@ -7,15 +7,9 @@ problems is held out for evaluation and never drawn for training, at every level
 from __future__ import annotations
 
 import random
-import zlib
 
-from rlvr.data import rng_state, set_rng_state
+from rlvr.data import chat, is_held_out, rng_state, set_rng_state
 from rlvr.types import Prompt
-
-
-def is_held_out(a: int, b: int, fraction: float) -> bool:
-    """Whether problem a*b belongs to the evaluation split (stable across runs and machines)."""
-    return zlib.crc32(f"{a}*{b}".encode()) % 10_000 < fraction * 10_000
 
 
 class MultiplicationTask:
@@ -48,16 +42,14 @@ class MultiplicationTask:
         for _ in range(10_000):
             a = rng.randint(10 ** (da - 1), 10**da - 1)
             b = rng.randint(10 ** (db - 1), 10**db - 1)
-            if is_held_out(a, b, self.eval_fraction) == held_out:
+            if is_held_out(f"{a}*{b}", self.eval_fraction) == held_out:
                 return a, b
         raise RuntimeError(f"no {'eval' if held_out else 'training'} problem found at level {da}x{db}")
 
     def _prompt(self, a: int, b: int, level: int) -> Prompt:
-        messages = [{"role": "user", "content": self.template.format(a=a, b=b)}]
-        if self.system_prompt is not None:
-            messages.insert(0, {"role": "system", "content": self.system_prompt})
         da, db = self.levels[level]
-        return Prompt(messages=messages, answer=str(a * b), meta={"level": f"{da}x{db}"})
+        return Prompt(messages=chat(self.template.format(a=a, b=b), self.system_prompt), answer=str(a * b),
+                      meta={"level": f"{da}x{db}"})
 
     def sample(self, n: int) -> list[Prompt]:
         """`n` training prompts at the current curriculum level."""
