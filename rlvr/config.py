@@ -229,19 +229,25 @@ DEVICES = ("auto", "cpu", "cuda")
 COMBINE = ("sum_then_normalise", "normalise_then_sum")
 
 
-def check(cfg: DictConfig) -> None:
-    """Reject values and combinations that compose but cannot work, naming the key."""
+def check(cfg: DictConfig, training: bool = True) -> None:
+    """Reject values and combinations that compose but cannot work, naming the key. `training`: also
+    what only training cannot do (`rlvr eval` may sample with top-p, or serve a bf16 model)."""
 
     def need(ok: bool, key: str, why: str) -> None:
         if not ok:
             raise ConfigError(f"{key}: {why}")
 
     a, r, d = cfg.algorithm, cfg.rollout, cfg.data
+    need("batch_size" in d, "data.batch_size", "must be set: the prompts per step")
+    need(d.batch_size >= 1, "data.batch_size", f"must be >= 1 (the prompts per step), got {d.batch_size}")
     need(a.group_size >= 2, "algorithm.group_size", f"must be >= 2 for group-relative advantages, got {a.group_size}")
     need(a.advantage in ADVANTAGES, "algorithm.advantage", f"must be one of {ADVANTAGES}, got {a.advantage!r}")
     need(a.loss_agg in LOSS_AGGS, "algorithm.loss_agg", f"must be one of {LOSS_AGGS}, got {a.loss_agg!r}")
     need(a.kl.estimator in KL_ESTIMATORS, "algorithm.kl.estimator", f"must be one of {KL_ESTIMATORS}")
     need(a.kl.coef >= 0 and a.kl.reward_coef >= 0, "algorithm.kl", "coefficients must be >= 0")
+    need(not (a.kl.coef > 0 and a.kl.estimator == "k1"), "algorithm.kl.estimator",
+         "k1 in the loss (algorithm.kl.coef > 0) has zero expected gradient: it pulls nothing towards the "
+         "reference. Use k3 (or k2) in the loss, or k1 in the reward (algorithm.kl.reward_coef)")
     need(not (a.kl.coef > 0 and a.kl.reward_coef > 0), "algorithm.kl",
          "KL in both the loss (kl.coef) and the reward (kl.reward_coef) penalises it twice; choose one")
     need(0 <= a.clip_eps_low < 1, "algorithm.clip_eps_low", "must be in [0, 1)")
@@ -263,20 +269,26 @@ def check(cfg: DictConfig) -> None:
     need(1 <= a.mini_batches <= d.batch_size * a.group_size, "algorithm.mini_batches",
          "must be between 1 and the sequences per step (data.batch_size * algorithm.group_size)")
     need(a.tis_cap is None or a.tis_cap >= 1, "algorithm.tis_cap", "must be >= 1 (or null for no correction)")
-    need("batch_size" in d, "data.batch_size", "must be set: the prompts per step")
-    need(d.batch_size >= 1, "data.batch_size", "must be >= 1")
     need(d.get("eval_size", 1) >= 1, "data.eval_size", "must be >= 1 (the evaluation and the weight-sync canary use these prompts)")
     need(r.temperature > 0, "rollout.temperature", "must be > 0 (the learner divides logits by it)")
     need(0 < r.top_p <= 1, "rollout.top_p", "must be in (0, 1]")
     need(r.max_tokens >= 1, "rollout.max_tokens", "must be >= 1")
     need(r.max_model_len > r.max_tokens, "rollout.max_model_len",
          f"must be larger than rollout.max_tokens={r.max_tokens} (it holds the prompt and the completion)")
-    need(cfg.trainer.max_steps >= 0, "trainer.max_steps", "must be >= 0")
+    need(cfg.trainer.max_steps >= 1, "trainer.max_steps",
+         f"must be >= 1, got {cfg.trainer.max_steps} (to evaluate a model without training, use rlvr eval)")
     need(cfg.trainer.save_every >= 0 and cfg.trainer.keep_last >= 0, "trainer.save_every",
          "save_every and keep_last must be >= 0")
     need(cfg.trainer.max_bad_steps >= 1, "trainer.max_bad_steps", "must be >= 1")
     need(cfg.trainer.micro_batch_size >= 1, "trainer.micro_batch_size", "must be >= 1")
     need(cfg.model.dtype in DTYPES, "model.dtype", f"must be one of {DTYPES}")
+    if training:
+        need(r.top_p == 1.0, "rollout.top_p",
+             f"must be 1.0 in training, got {r.top_p}: vLLM reports logprobs renormalised over the nucleus while "
+             "the learner scores the full softmax, so every ratio would be biased (rlvr eval may use top_p < 1)")
+        need(cfg.model.dtype == "float32", "model.dtype",
+             f"training in {cfg.model.dtype} is refused: AdamW on {cfg.model.dtype} weights without a float32 master "
+             "copy barely moves them (mixed precision is not built yet); use float32 (rlvr eval may serve bf16)")
     need(cfg.trainer.device in DEVICES, "trainer.device", f"must be one of {DEVICES}")
     need(cfg.optim.lr > 0, "optim.lr", "must be > 0")
     need(len(cfg.optim.betas) == 2, "optim.betas", "must hold two numbers")

@@ -15,16 +15,11 @@ from rich.table import Table
 from rlvr import models
 from rlvr.config import check
 from rlvr.data import build_task
+from rlvr.prompts import PromptFit, render
 from rlvr.rewards import Rewards
 from rlvr.types import Prompt, Rollout
 
 log = logging.getLogger("rlvr")
-
-
-def render(tokenizer, prompt: Prompt) -> list[int]:
-    """Token ids of a prompt through the model's chat template, ready for the assistant's turn."""
-    text = tokenizer.apply_chat_template(prompt.messages, tokenize=False, add_generation_prompt=True)
-    return tokenizer(text, add_special_tokens=False).input_ids
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -96,13 +91,13 @@ def run_eval(cfg: DictConfig, run_dir: Path) -> dict[str, float]:
     from rlvr.rollout.engine import RolloutEngine
     from rlvr.train import pick_device
 
-    check(cfg)
+    check(cfg, training=False)
     rewards = Rewards(cfg.reward)
     model_path = models.resolve(cfg.model, Path(cfg.cache_dir))
     task = build_task(cfg, model_path)
     device = pick_device(cfg.trainer.device)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
-    prompts = task.eval_prompts()
+    prompts, _ = PromptFit(tokenizer, cfg.rollout.max_model_len, cfg.rollout.max_tokens).eval_prompts(task.eval_prompts())
     start = time.perf_counter()
     engine = RolloutEngine(model_path, cfg.rollout, cfg.model.dtype, cfg.seed, device, Path(cfg.cache_dir))
     try:

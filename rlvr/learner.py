@@ -140,7 +140,7 @@ class Learner:
         anchor, tis = batch.old_logprobs, None
         if a.tis_cap is not None:
             anchor = self.batch_logprobs(batch)
-            tis = tis_weight(anchor, batch.old_logprobs, a.tis_cap) * batch.loss_mask
+            tis = tis_weight(anchor, batch.old_logprobs, batch.loss_mask, a.tis_cap)
         # The frozen reference's logprobs do not change over epochs: one forward for the whole batch.
         ref = self.batch_logprobs(batch, reference=True) if a.kl.coef > 0 else None
         stats: list[dict[str, float]] = []
@@ -149,7 +149,11 @@ class Learner:
             for rows in chunks:
                 stats.append(self._update(batch.select(rows), anchor[rows], None if tis is None else tis[rows],
                                           None if ref is None else ref[rows]))
-        # Engine/learner mismatch: logprobs of the sampled tokens under the learner before any update.
+        lr = self.scheduler.get_last_lr()[0]  # the rate every update of this step used
+        self.scheduler.step()  # the schedule (warmup) counts RL steps, not optimizer steps
+        # Engine/learner mismatch: logprobs of the sampled tokens under the learner before any update,
+        # over the sequences the learner ran: all of them with TIS (it scores the whole batch first),
+        # else those of the first mini-batch it ran (non-zero advantage, or all with a KL term).
         gap = ((anchor - batch.old_logprobs).abs() * batch.loss_mask) if tis is not None else None
         first = stats[0]
         tokens = float(batch.loss_mask.sum())
@@ -158,16 +162,18 @@ class Learner:
             "kl": None if self.ref is None or a.kl.coef == 0 else sum(s["kl"] for s in stats) / len(stats),
             "clip_frac": sum(s["clipped"] for s in stats) / max(sum(s["tokens"] for s in stats), 1.0),
             "grad_norm": sum(s["grad_norm"] for s in stats) / len(stats),
-            "lr": first["lr"],
+            "lr": lr,
             "learn/sequences": sum(s["sequences"] for s in stats),
             "learn/optimizer_steps": float(len(stats)),
             "learn/skipped_updates": sum(s["skipped"] for s in stats),
         }
         if gap is not None and tokens:
             out["mismatch/logprob_abs_mean"], out["mismatch/logprob_abs_max"] = float(gap.sum()) / tokens, float(gap.max())
+            out["mismatch/tokens"] = tokens
         elif first["tokens"]:  # measured on the first mini-batch, before this step's first update
             out["mismatch/logprob_abs_mean"] = first["mismatch_sum"] / first["tokens"]
             out["mismatch/logprob_abs_max"] = first["mismatch_max"]
+            out["mismatch/tokens"] = first["tokens"]
         return out
 
     def _update(self, batch: Batch, anchor: torch.Tensor, tis: torch.Tensor | None,
@@ -193,13 +199,13 @@ class Learner:
             if a.ratio == "sequence":
                 ratio = sequence_ratio(logp, old, mask)
             else:
-                ratio = token_ratio(logp, old)
+                ratio = token_ratio(logp, old, mask)
             per_token, was_clipped = clipped_surrogate(ratio, part.advantages.to(self.device), a.clip_eps_low,
                                                        a.clip_eps_high, a.dual_clip)
             if tis is not None:
                 per_token = per_token * tis[sel, : width - 1].to(self.device)
             if ref is not None:
-                kl = kl_penalty(logp, ref[sel, : width - 1].to(self.device), a.kl.estimator)
+                kl = kl_penalty(logp, ref[sel, : width - 1].to(self.device), mask, a.kl.estimator)
                 per_token = per_token + a.kl.coef * kl
                 out["kl"] += float((kl.detach() * mask).sum()) / max(norm.tokens, 1)
             loss = aggregate(per_token, mask, a.loss_agg, norm)
@@ -211,12 +217,10 @@ class Learner:
             out["mismatch_sum"] += float(gap.sum())
             out["mismatch_max"] = max(out["mismatch_max"], float(gap.max()) if gap.numel() else 0.0)
         out["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.optim_cfg.max_grad_norm))
-        out["lr"] = self.scheduler.get_last_lr()[0]  # the rate this update uses
         out["sequences"] = float(len(rows))
         stepped = math.isfinite(out["grad_norm"]) and math.isfinite(out["loss"])
         if stepped:
             self.optimizer.step()
-            self.scheduler.step()
         else:
             log.warning("non-finite loss (%s) or gradient norm (%s): update skipped", out["loss"], out["grad_norm"])
             self.optimizer.zero_grad(set_to_none=True)

@@ -23,6 +23,8 @@ import random
 import shutil
 import signal
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -35,12 +37,13 @@ from rlvr.algorithms.losses import kl_penalty, overlong_penalty
 from rlvr.config import check
 from rlvr.data import Task, build_task
 from rlvr.errors import RlvrError
-from rlvr.evaluate import greedy, render, sample_record, summarise
+from rlvr.evaluate import greedy, sample_record, summarise
 from rlvr.learner import Learner, make_batch
 from rlvr.logging import Logger, manifest
 from rlvr.plot import plot
+from rlvr.prompts import PromptFit
 from rlvr.rewards import Rewards
-from rlvr.rollout.engine import RolloutEngine, check_canary
+from rlvr.rollout.engine import RolloutEngine, canary_sequence, check_canary, check_kv_cache
 from rlvr.types import Rollout
 
 log = logging.getLogger("rlvr")
@@ -72,15 +75,21 @@ class GracefulStop:
             signal.signal(s, handler)
 
 
-def prepare_run_dir(run_dir: Path, resume: Path | None, overwrite: bool) -> None:
+def prepare_run_dir(run_dir: Path, resume: Path | None, overwrite: bool, auto_resume: bool = False) -> None:
     """Refuse a run dir that holds another run (unless resuming or told to overwrite); on resume,
-    put back the metrics of the checkpoint (steps after it will be run again)."""
+    put back the metrics of the checkpoint (steps after it will be run again). `auto_resume`: the
+    user asked for trainer.resume=auto and the run dir holds no checkpoint."""
     metrics = run_dir / "metrics.jsonl"
     if resume is not None:
         tmp = metrics.with_suffix(".jsonl.tmp")
         shutil.copyfile(resume / "metrics.jsonl", tmp)
         os.replace(tmp, metrics)
     elif metrics.exists():
+        if not overwrite and auto_resume:
+            raise TrainingError(
+                f"trainer.resume=auto: {run_dir} holds a run (metrics.jsonl) but no complete checkpoint to resume "
+                "from (checkpoints are written every trainer.save_every steps; 0 writes none). Start over with "
+                "trainer.overwrite=true, or choose another hydra.run.dir.")
         if not overwrite:
             raise TrainingError(
                 f"{run_dir} already holds a run (metrics.jsonl). Continue it with trainer.resume=auto, "
@@ -98,49 +107,72 @@ def pick_device(name: str) -> str:
     return name
 
 
-def collect_groups(task: Task, engine: RolloutEngine, tok, rewards: Rewards, cfg: DictConfig, step: int):
-    """Sample `data.batch_size` prompts, generate a scored group for each, and return
-    (groups to train on, the first round's rollouts, times, extra rounds).
+@dataclass
+class Collected:
+    """What one step generated and scored, as `collect_groups` returns it."""
 
-    With DAPO's dynamic sampling, groups whose rewards are all equal (no signal) are dropped and
-    another `batch_size` prompts drawn, for at most `max_rounds` extra rounds; when the bound is
-    hit the step trains on the groups it has (possibly fewer, logged as groups/trained).
+    rollouts: list[Rollout]  # the groups to train on, flattened: [K * G]
+    scores: torch.Tensor  # [K, G] shaped scores of those groups: what the advantages see
+    first_round: list[Rollout]  # the first round's rollouts, an unfiltered sample of the policy: [P * G]
+    first_scores: torch.Tensor  # [P, G] their shaped scores
+    shaping: dict[str, float]  # metrics of the shaping, first round
+    times: dict[str, float]  # rollout and reward seconds, generated tokens
+    rounds: int  # extra rounds of dynamic sampling
+    dropped: int  # training prompts dropped as too long for the context
+
+
+def collect_groups(task: Task, fit: PromptFit, engine: RolloutEngine, rewards: Rewards,
+                   score: Callable[[list[Rollout]], tuple[torch.Tensor, dict[str, float]]],
+                   cfg: DictConfig, step: int) -> Collected:
+    """Sample `data.batch_size` prompts that fit the context, generate a group for each, score it and
+    shape the scores (`score`).
+
+    With DAPO's dynamic sampling, groups whose shaped scores are all equal (advantage 0: no signal)
+    are dropped and another `batch_size` prompts drawn, for at most `max_rounds` extra rounds; when the
+    bound is hit the step trains on the groups it has (possibly fewer, logged as groups/trained).
     """
     P, G = cfg.data.batch_size, cfg.algorithm.group_size
     dynamic = cfg.algorithm.dynamic_sampling
-    kept: list[list[Rollout]] = []
+    kept: list[tuple[list[Rollout], torch.Tensor]] = []
     times = {"rollout": 0.0, "reward": 0.0, "tokens": 0}
-    first_round: list[Rollout] = []
+    dropped = 0
+    first: tuple[list[Rollout], torch.Tensor, dict[str, float]] | None = None
     for round_ in range(1 + (dynamic.max_rounds if dynamic.enabled else 0)):
-        prompts = task.sample(P)
+        prompts, prompt_ids, too_long = fit.sample(task, P)
+        dropped += too_long
         # Seeds depend only on (seed, step, round): a step's samples repeat exactly for a seed.
         seed = random.Random(f"{cfg.seed}-{step}-{round_}").randrange(2**31 - 2**20)
         t0 = time.perf_counter()
-        rollouts = engine.generate(prompts, [render(tok, p) for p in prompts], n=G, seed=seed,
-                                   context=f"at step {step}")
+        rollouts = engine.generate(prompts, prompt_ids, n=G, seed=seed, context=f"at step {step}")
         times["rollout"] += time.perf_counter() - t0
         times["tokens"] += sum(len(r.completion_ids) for r in rollouts)
         t0 = time.perf_counter()
         rewards.score(rollouts)
+        scores, shaping = score(rollouts)  # [P, G]
         times["reward"] += time.perf_counter() - t0
-        groups = [rollouts[i * G : (i + 1) * G] for i in range(P)]
-        if round_ == 0:
-            first_round = rollouts
+        if first is None:
+            first = rollouts, scores, shaping
         if not dynamic.enabled:
-            return groups, first_round, times, 0
-        kept += [g for g in groups if len({r.reward for r in g}) > 1]
+            return Collected(rollouts, scores, *first, times, 0, dropped)
+        signal_ = ~advantages.flat_groups(scores)  # [P]
+        kept += [(rollouts[i * G : (i + 1) * G], scores[i]) for i in range(P) if signal_[i]]
         if len(kept) >= P:
-            return kept[:P], first_round, times, round_
-    if kept:
-        log.warning("dynamic sampling: %d of %d groups carry a signal after %d extra rounds; training on those",
-                    len(kept), P, dynamic.max_rounds)
-        return kept, first_round, times, dynamic.max_rounds
-    log.warning("dynamic sampling: no group carries a signal after %d extra rounds; this step changes nothing",
-                dynamic.max_rounds)
-    return groups, first_round, times, dynamic.max_rounds
+            break
+    else:
+        if kept:
+            log.warning("dynamic sampling: %d of %d groups carry a signal after %d extra rounds; training on those",
+                        len(kept), P, dynamic.max_rounds)
+        else:
+            log.warning("dynamic sampling: no group carries a signal after %d extra rounds; this step changes "
+                        "nothing", dynamic.max_rounds)
+            return Collected(rollouts, scores, *first, times, round_, dropped)
+    kept = kept[:P]
+    return Collected([r for g, _ in kept for r in g], torch.stack([s for _, s in kept]), *first, times, round_,
+                     dropped)
 
 
-def shaped_scores(rollouts: list[Rollout], rewards: Rewards, batch, learner: Learner, cfg: DictConfig):
+def shaped_scores(rollouts: list[Rollout], rewards: Rewards, learner: Learner,
+                  cfg: DictConfig) -> tuple[torch.Tensor, dict[str, float]]:
     """Scores [P, G] for the advantages: the reward terms combined (reward.combine), plus DAPO's soft
     overlong punishment and a KL penalty to the reference model when configured. Returns (scores,
     metrics of the shaping)."""
@@ -153,8 +185,9 @@ def shaped_scores(rollouts: list[Rollout], rewards: Rewards, batch, learner: Lea
         scores = scores + penalty
         metrics["reward/overlong"] = float(penalty.mean())
     if a.kl.reward_coef > 0:
+        batch = make_batch(rollouts, learner.pad_id, mask_truncated=a.overlong.mode == "mask")
         ref = learner.batch_logprobs(batch, reference=True)  # [N, T-1]
-        kl = (kl_penalty(batch.old_logprobs, ref, a.kl.estimator) * batch.loss_mask).sum(dim=1)  # [N]
+        kl = kl_penalty(batch.old_logprobs, ref, batch.loss_mask, a.kl.estimator).sum(dim=1)  # [N]
         scores = scores - a.kl.reward_coef * kl
         metrics["kl_reward"] = float(kl.mean())
     return scores.view(-1, a.group_size), metrics
@@ -169,6 +202,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, float]:
     model_path = models.resolve(cfg.model, Path(cfg.cache_dir))
     task = build_task(cfg, model_path)
     device = pick_device(cfg.trainer.device)
+    check_kv_cache(model_path, cfg.rollout, cfg.model.dtype, device)
     if cfg.trainer.num_threads is not None:  # before the engine starts: vLLM pins its threads
         torch.set_num_threads(cfg.trainer.num_threads)
     random.seed(cfg.seed)
@@ -178,17 +212,25 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, float]:
     policy_path = resume / "model" if resume else model_path  # a resumed run starts from the checkpoint
     learner = Learner(policy_path, cfg.model, cfg.optim, cfg.algorithm, cfg.trainer,
                       cfg.rollout.temperature, cfg.rollout.max_tokens, device, reference_path=model_path)
+    tok = learner.tokenizer
+    # Every prompt is checked against the engine's context before the engine starts.
+    fit = PromptFit(tok, cfg.rollout.max_model_len, cfg.rollout.max_tokens)
+    eval_prompts, eval_ids = fit.eval_prompts(task.eval_prompts())
+    fit.probe(task, cfg.data.batch_size)
     run_dir.mkdir(parents=True, exist_ok=True)
-    prepare_run_dir(run_dir, resume, cfg.trainer.overwrite)  # the first write into the run dir
+    # the first write into the run dir
+    prepare_run_dir(run_dir, resume, cfg.trainer.overwrite, auto_resume=cfg.trainer.resume == "auto")
 
     logger = Logger(run_dir, cfg, cfg.trainer.max_steps)
     logger.write_manifest({**manifest(cfg, model_path, device), "resumed_from": str(resume) if resume else None})
     start = checkpoint.load_state(resume, learner, task, rewards) if resume else 0
-    tok = learner.tokenizer
     engine = RolloutEngine(policy_path, cfg.rollout, cfg.model.dtype, cfg.seed, device, Path(cfg.cache_dir))
-    eval_prompts = task.eval_prompts()
     # A fixed sequence whose logprobs engine and learner must agree on after every sync.
-    canary = render(tok, eval_prompts[0]) + tok(CANARY_ANSWER, add_special_tokens=False).input_ids
+    canary = canary_sequence(min(eval_ids, key=len), tok(CANARY_ANSWER, add_special_tokens=False).input_ids,
+                             engine.block_size(), cfg.rollout.max_model_len)
+
+    def score(rollouts: list[Rollout]) -> tuple[torch.Tensor, dict[str, float]]:
+        return shaped_scores(rollouts, rewards, learner, cfg)
 
     def save_checkpoint(step: int) -> Path | None:
         try:
@@ -203,7 +245,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, float]:
 
     stop = GracefulStop()
     try:
-        check_canary(engine, learner.sequence_logprobs(canary), canary, cfg.rollout.canary_tol)
+        check_canary(engine, learner.sequence_logprobs, canary, cfg.rollout.canary_tol)
         if start == 0:
             first_eval = greedy(engine, tok, eval_prompts, rewards)[0]
             logger.log(0, first_eval)
@@ -216,14 +258,13 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, float]:
             t_step = time.perf_counter()
 
             errors_before = rewards.errors
-            # 1-3. prompts -> a group of G completions each -> rewards (DAPO: keep informative groups)
-            groups, first_round, times, rounds = collect_groups(task, engine, tok, rewards, cfg, step)
-            rollouts = [r for g in groups for r in g]
+            # 1-3. prompts -> a group of G completions each -> rewards -> shaped scores (DAPO: keep groups
+            # whose scores differ)
+            c = collect_groups(task, fit, engine, rewards, score, cfg, step)
 
-            # 4. reward shaping, then group-relative advantages
-            batch = make_batch(rollouts, learner.pad_id, mask_truncated=cfg.algorithm.overlong.mode == "mask")
-            scores, shaping = shaped_scores(rollouts, rewards, batch, learner, cfg)  # [P, G]
-            adv = advantages.compute(scores, cfg.algorithm.advantage, cfg.algorithm.adv_eps)  # [P, G]
+            # 4. group-relative advantages
+            batch = make_batch(c.rollouts, learner.pad_id, mask_truncated=cfg.algorithm.overlong.mode == "mask")
+            adv = advantages.compute(c.scores, cfg.algorithm.advantage, cfg.algorithm.adv_eps)  # [K, G]
             batch.advantages = adv.flatten()
 
             # 5. policy update
@@ -235,28 +276,29 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, float]:
             t0 = time.perf_counter()
             engine.load_weights(learner.named_weights())
             t_sync = time.perf_counter() - t0
-            canary_diff = check_canary(engine, learner.sequence_logprobs(canary), canary, cfg.rollout.canary_tol)
+            canary_diff = check_canary(engine, learner.sequence_logprobs, canary, cfg.rollout.canary_tol)
 
             # 7. log: reward and accuracy of the first round, an unfiltered sample of the policy
-            metrics = summarise(first_round, rewards)
+            metrics = summarise(c.first_round, rewards)
             metrics.update(task.metrics())  # the curriculum level these prompts came from
             task.update(metrics["accuracy"])
-            first_scores = torch.tensor([r.reward for r in first_round]).view(-1, cfg.algorithm.group_size)
             metrics.update(learn)
-            metrics.update(shaping)
+            metrics.update(c.shaping)
             metrics.update({
-                "reward/std": float(first_scores.std()),
+                "reward/std": float(torch.tensor([r.reward for r in c.first_round]).std()),
                 "reward/errors": float(rewards.errors - errors_before),
-                "groups/zero_adv_frac": float((first_scores.std(dim=1) == 0).float().mean()),
-                "groups/trained": float(len(groups)),
-                "groups/extra_rounds": float(rounds),
+                # groups of the first round whose shaped scores are all equal: advantage 0, no signal
+                "groups/zero_adv_frac": float(advantages.flat_groups(c.first_scores).float().mean()),
+                "groups/trained": float(len(c.rollouts) // cfg.algorithm.group_size),
+                "groups/extra_rounds": float(c.rounds),
+                "data/dropped_prompts": float(c.dropped),
                 "sync/logprob_max_diff": canary_diff,
-                "time/rollout_s": times["rollout"],
-                "time/reward_s": times["reward"],
+                "time/rollout_s": c.times["rollout"],
+                "time/reward_s": c.times["reward"],
                 "time/learn_s": t_learn,
                 "time/sync_s": t_sync,
                 "time/step_s": time.perf_counter() - t_step,
-                "tokens_per_s": times["tokens"] / times["rollout"],
+                "tokens_per_s": c.times["tokens"] / c.times["rollout"],
             })
             logger.log(step, metrics)
             if metrics["groups/zero_adv_frac"] == 1.0 and not cfg.algorithm.dynamic_sampling.enabled:
@@ -267,11 +309,11 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, float]:
             if cfg.trainer.eval_every and step % cfg.trainer.eval_every == 0 and step < cfg.trainer.max_steps:
                 logger.log(step, greedy(engine, tok, eval_prompts, rewards)[0])
             if cfg.trainer.log_samples:
-                r = rollouts[0]
+                r = c.first_round[0]
                 log.info("sample (reward %.2f, answer %s): %r", r.reward, r.prompt.answer, r.text[:300])
             if cfg.trainer.samples_every and step % cfg.trainer.samples_every == 0:
-                logger.samples(step, [sample_record(r, rewards, step=step)
-                                      for g in groups[: cfg.trainer.log_samples] for r in g])
+                logger.samples(step, [sample_record(r, rewards, step=step) for r in
+                                      c.rollouts[: cfg.trainer.log_samples * cfg.algorithm.group_size]])
 
             # A NaN/inf loss or gradient skips the update; too many in a row end the run.
             bad_steps = bad_steps + 1 if learn["learn/skipped_updates"] else 0

@@ -51,24 +51,24 @@ def test_clipped_surrogate_by_hand():
     logp = torch.tensor([[1.0], [1.0], [-1.0], [0.0]])
     old = torch.zeros(4, 1)
     adv = torch.tensor([1.0, -1.0, -1.0, 2.0])
-    loss, clipped = clipped_surrogate(token_ratio(logp, old), adv, eps_low=0.2, eps_high=0.2)
+    loss, clipped = clipped_surrogate(token_ratio(logp, old, torch.ones(4, 1)), adv, eps_low=0.2, eps_high=0.2)
     assert loss.flatten().tolist() == pytest.approx([-1.2, math.e, 0.8, -2.0])
     assert clipped.flatten().tolist() == [True, False, True, False]
 
 
 def test_clip_higher_only_moves_the_upper_bound():
     # ratio e with A = +1: eps_high 0.28 -> 1.28; ratio 1/e with A = -1: eps_low 0.2 -> 0.8
-    ratio = token_ratio(torch.tensor([[1.0], [-1.0]]), torch.zeros(2, 1))
+    ratio = token_ratio(torch.tensor([[1.0], [-1.0]]), torch.zeros(2, 1), torch.ones(2, 1))
     loss, _ = clipped_surrogate(ratio, torch.tensor([1.0, -1.0]), eps_low=0.2, eps_high=0.28)
     assert loss.flatten().tolist() == pytest.approx([-1.28, 0.8])
 
 
 def test_kl_estimators_by_hand():
-    logp, ref = torch.tensor([0.0, -1.0]), torch.tensor([0.0, 0.0])
-    # log r = ref - logp = [0, 1]
-    assert kl_penalty(logp, ref, "k1").tolist() == pytest.approx([0.0, -1.0])
-    assert kl_penalty(logp, ref, "k2").tolist() == pytest.approx([0.0, 0.5])
-    assert kl_penalty(logp, ref, "k3").tolist() == pytest.approx([0.0, math.e - 2])
+    logp, ref, mask = torch.tensor([0.0, -1.0, -1.0]), torch.tensor([0.0, 0.0, 0.0]), torch.tensor([1.0, 1.0, 0.0])
+    # log r = ref - logp = [0, 1, (masked)]
+    assert kl_penalty(logp, ref, mask, "k1").tolist() == pytest.approx([0.0, -1.0, 0.0])
+    assert kl_penalty(logp, ref, mask, "k2").tolist() == pytest.approx([0.0, 0.5, 0.0])
+    assert kl_penalty(logp, ref, mask, "k3").tolist() == pytest.approx([0.0, math.e - 2, 0.0])
 
 
 def test_aggregation_modes_by_hand():
@@ -90,7 +90,7 @@ def test_aggregation_does_not_depend_on_micro_batching(mode):
     norm = Normaliser(tokens=int(mask.sum()), sequences=6, max_tokens=5)
 
     def loss_of(rows):
-        per_token, _ = clipped_surrogate(token_ratio(logp[rows], old[rows]), adv[rows], 0.2, 0.28)
+        per_token, _ = clipped_surrogate(token_ratio(logp[rows], old[rows], mask[rows]), adv[rows], 0.2, 0.28)
         return aggregate(per_token, mask[rows], mode, norm)
 
     whole = loss_of(slice(0, 6))
@@ -124,9 +124,55 @@ def test_gspo_sequence_ratio_is_the_geometric_mean_over_the_sequence():
 
 
 def test_tis_weight_is_the_capped_ratio_of_learner_to_sampler():
-    # learner - sampler logprob: [ln 0.5, ln 3, 0] -> weights [0.5, min(3, 2) = 2, 1]
-    w = tis_weight(torch.tensor([math.log(0.5), math.log(3.0), 0.0]), torch.zeros(3), cap=2.0)
-    assert w.tolist() == pytest.approx([0.5, 2.0, 1.0])
+    # learner - sampler logprob: [ln 0.5, ln 3, 0, (masked)] -> weights [0.5, min(3, 2) = 2, 1, 0]
+    w = tis_weight(torch.tensor([math.log(0.5), math.log(3.0), 0.0, 5.0]), torch.zeros(4),
+                   torch.tensor([1.0, 1.0, 1.0, 0.0]), cap=2.0)
+    assert w.tolist() == pytest.approx([0.5, 2.0, 1.0, 0.0])
+
+
+@pytest.mark.parametrize("estimator", ["grpo", "dr_grpo", "rloo"])
+@pytest.mark.parametrize("group_size", [2, 4, 8, 16])
+@pytest.mark.parametrize("reward", [1.2, 0.2, 0.6, 1 / 3, -7.1, 1e6 + 0.1])
+def test_a_group_of_equal_rewards_gets_exactly_zero_advantage(estimator, group_size, reward):
+    # float32 means of G copies of 1.2 are not 1.2 (at G = 8: 1.2000000477 vs 1.2000000477 + 1 ulp), and
+    # GRPO's std division would blow the ~1e-8 rounding up to an advantage of ~0.1.
+    scores = torch.tensor([[reward] * group_size, [0.0, 1.0] * (group_size // 2)])
+    adv = advantages.compute(scores, estimator, eps=1e-6)
+    assert adv[0].tolist() == [0.0] * group_size
+    assert adv[1].abs().min().item() > 0.1  # a group with a signal keeps it
+
+
+def test_a_group_of_non_finite_scores_is_not_flat():
+    # NaN/inf must reach the learner (which skips the update), not be zeroed as "no signal".
+    scores = torch.tensor([[float("inf")] * 4, [float("nan"), 1.0, 1.0, 1.0]])
+    assert not advantages.compute(scores, "grpo", 1e-6).isfinite().any()
+
+
+def test_combining_normalised_terms_keeps_a_flat_term_at_zero():
+    from rlvr.rewards import combine
+
+    terms = {"flat": torch.full((1, 8), 0.2), "signal": torch.tensor([[0.0, 1.0] * 4])}
+    only_flat = combine({"flat": terms["flat"]}, {"flat": 1.0}, "normalise_then_sum")
+    assert only_flat.tolist() == [[0.0] * 8]
+    both = combine(terms, {"flat": 1.0, "signal": 1.0}, "normalise_then_sum")
+    assert both.tolist() == combine({"signal": terms["signal"]}, {"signal": 1.0}, "normalise_then_sum").tolist()
+
+
+def test_ratios_of_masked_positions_stay_finite():
+    # A prompt position scored in one micro-batch (logprob -100) and padded with 0 in another: exp(100)
+    # overflows float32, and inf * 0 (the mask) is NaN. Every ratio is masked before its exponential.
+    logp = torch.tensor([[0.0, -0.5, -0.2]], requires_grad=True)
+    old = torch.tensor([[-100.0, -0.4, -0.2]])
+    mask = torch.tensor([[0.0, 1.0, 1.0]])
+    for ratio in (token_ratio(logp, old, mask), sequence_ratio(logp, old, mask)):
+        loss, _ = clipped_surrogate(ratio, torch.tensor([1.0]), 0.2, 0.2)
+        total = aggregate(loss, mask, "seq_mean_token_mean", Normaliser(tokens=2, sequences=1, max_tokens=3))
+        (grad,) = torch.autograd.grad(total, logp)
+        assert total.isfinite() and grad.isfinite().all() and grad[0, 0] == 0
+    assert tis_weight(old, logp.detach(), mask, cap=2.0).isfinite().all()
+    for estimator in ("k1", "k2", "k3"):
+        kl = kl_penalty(logp, old, mask, estimator)
+        assert kl.isfinite().all() and kl[0, 0] == 0
 
 
 def test_soft_overlong_punishment_by_hand():

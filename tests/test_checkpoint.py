@@ -134,10 +134,11 @@ def test_a_full_disk_keeps_the_previous_checkpoint_and_the_run_goes_on(tmp_path,
 
 
 def test_nan_updates_are_skipped_then_the_run_stops_with_its_last_checkpoint(tmp_path, cache_dir):
-    # adv_eps=0 and a reward that is always 0: every group's advantage is 0/0 = NaN, for real.
+    # A reward weight beyond float32's range on a term that always scores 0: every score is
+    # inf * 0 = NaN, for real, and so is every advantage and the loss.
     run_dir = tmp_path / "run"
     result = run_cli(["train", *RUN, "reward=first_digit", "reward.terms.first_digit.kwargs.prefix=[QQQ]",
-                      "algorithm.adv_eps=0", "trainer.max_steps=10", "trainer.save_every=1",
+                      "reward.terms.first_digit.weight=1e39", "trainer.max_steps=10", "trainer.save_every=1",
                       "trainer.max_bad_steps=3", f"hydra.run.dir={run_dir}"], cache=cache_dir)
     out = result.stdout + result.stderr
     assert result.returncode != 0

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlvr.evaluate import render
 from rlvr.learner import Learner, make_batch, token_logprobs
-from rlvr.rollout.engine import EngineError, RolloutEngine, WeightSyncError, check_canary
+from rlvr.prompts import render
+from rlvr.rollout.engine import EngineError, RolloutEngine, WeightSyncError, canary_sequence, check_canary
 from rlvr.types import Prompt
 
 from .conftest import compose_config
@@ -64,9 +64,9 @@ def test_sampler_logprobs_match_the_learner_at_the_sampling_temperature(parts):
 
 def test_sync_serves_new_weights_and_a_skipped_sync_is_caught(parts):
     cfg, learner, engine = parts
-    canary = render(learner.tokenizer, PROMPTS[0]) + [5, 6, 7, 8]
+    canary = canary_sequence(render(learner.tokenizer, PROMPTS[0]), [5, 6, 7, 8], engine.block_size(), 1024)
     tol = cfg.rollout.canary_tol
-    assert check_canary(engine, learner.sequence_logprobs(canary), canary, tol) <= tol
+    assert check_canary(engine, learner.sequence_logprobs, canary, tol) <= tol
 
     # Two real updates (non-zero advantages), each followed by a sync: the engine keeps up.
     for step in range(2):
@@ -77,15 +77,48 @@ def test_sync_serves_new_weights_and_a_skipped_sync_is_caught(parts):
         changed = [k for k, v in learner.named_weights() if not torch.equal(v, before[k])]
         assert changed, "the update changed no parameter"
         engine.load_weights(learner.named_weights())
-        assert check_canary(engine, learner.sequence_logprobs(canary), canary, tol) <= tol
+        assert check_canary(engine, learner.sequence_logprobs, canary, tol) <= tol
 
     # An update the engine never hears of must stop the run.
     rollouts = _generate(learner, engine, seed=99)
     learner.step(_batch(learner, rollouts))
     with pytest.raises(WeightSyncError, match="not serving the learner's weights"):
-        check_canary(engine, learner.sequence_logprobs(canary), canary, tol)
+        check_canary(engine, learner.sequence_logprobs, canary, tol)
     engine.load_weights(learner.named_weights())  # and a real sync mends it
-    assert check_canary(engine, learner.sequence_logprobs(canary), canary, tol) <= tol
+    assert check_canary(engine, learner.sequence_logprobs, canary, tol) <= tol
+
+
+def test_a_stale_prefix_cache_is_caught(parts):
+    """New weights loaded without the prefix-cache reset: the canary's own prompt logprobs match (vLLM
+    never reads the prefix cache for them), but a continuation of the canary reads the KV cached under
+    the old weights, as a rollout of a repeated prompt would, and the check stops the run."""
+    cfg, learner, engine = parts
+    canary = canary_sequence(render(learner.tokenizer, PROMPTS[1]), [9, 10], engine.block_size(), 1024)
+    assert len(canary) > engine.block_size()  # at least one whole block is cached
+    tol = cfg.rollout.canary_tol
+    engine.load_weights(learner.named_weights())
+    assert check_canary(engine, learner.sequence_logprobs, canary, tol) <= tol  # caches the canary's KV
+    learner.step(_batch(learner, _generate(learner, engine, seed=7)))
+    # The sync without its reset (the fault, caused for real on the real engine):
+    engine.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(learner.named_weights()),
+                                                        "is_checkpoint_format": True})
+    prompt_only = (engine.sequence_logprobs(canary) - learner.sequence_logprobs(canary)).abs().max().item()
+    assert prompt_only <= tol  # what the canary checked before: blind to the stale cache
+    with pytest.raises(WeightSyncError, match="not serving the learner's weights"):
+        check_canary(engine, learner.sequence_logprobs, canary, tol)
+    engine.load_weights(learner.named_weights())  # the reset mends it
+    assert check_canary(engine, learner.sequence_logprobs, canary, tol) <= tol
+
+
+def test_every_sample_of_a_step_has_its_own_random_stream(parts):
+    """vLLM seeds sample j of a request with the request's seed + j; with 8 copies of one prompt, sample
+    (i, j) and (i + 1, j - 1) would share their noise, and their tokens, if requests were seeded seed + i."""
+    _, learner, engine = parts
+    same = [PROMPTS[0]] * 8
+    rollouts = engine.generate(same, [render(learner.tokenizer, p) for p in same], n=8, seed=11)
+    ids = [[rollouts[i * 8 + j].completion_ids for j in range(8)] for i in range(8)]
+    assert all(ids[i][j] != ids[i + 1][j - 1] for i in range(7) for j in range(1, 8))
+    assert len({tuple(x) for row in ids for x in row}) == 64
 
 
 def test_an_engine_failure_names_the_step_and_the_request(parts):

@@ -13,16 +13,26 @@ from dataclasses import dataclass
 import torch
 
 
-def token_ratio(logp: torch.Tensor, old_logp: torch.Tensor) -> torch.Tensor:
-    """Per-token probability ratio pi / pi_old, [N, T] (PPO, Schulman et al. 2017, Eq. 6)."""
-    return torch.exp(logp - old_logp)
+def log_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """log(pi / pi_old) per token, [N, T], and exactly 0 off the mask.
+
+    Every ratio is formed from this, masked *before* the exponential: off the mask the two
+    logprobs can come from different forwards (a prompt position scored in one micro-batch, padded
+    with 0 in another), and exp(0 - (-90)) = inf, which a later `* mask` turns into NaN.
+    """
+    return torch.where(mask.bool(), logp - old_logp, torch.zeros_like(logp))
+
+
+def token_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Per-token probability ratio pi / pi_old, [N, T] (PPO, Schulman et al. 2017, Eq. 6); 1 off the mask."""
+    return torch.exp(log_ratio(logp, old_logp, mask))
 
 
 def sequence_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """GSPO's sequence-level ratio (Zheng et al. 2025, arXiv:2507.18071, Eq. 7), the geometric mean of the
     token ratios: s_i = exp(mean_t (logp - old_logp)), broadcast to every token of the sequence, [N, T]."""
     lengths = mask.sum(dim=1).clamp(min=1)  # [N]
-    mean_log_ratio = ((logp - old_logp) * mask).sum(dim=1) / lengths  # [N]
+    mean_log_ratio = log_ratio(logp, old_logp, mask).sum(dim=1) / lengths  # [N]
     return torch.exp(mean_log_ratio)[:, None].expand_as(logp)
 
 
@@ -54,11 +64,12 @@ def clipped_surrogate(
     return loss, was_clipped
 
 
-def tis_weight(learner_old_logp: torch.Tensor, sampler_logp: torch.Tensor, cap: float) -> torch.Tensor:
+def tis_weight(learner_old_logp: torch.Tensor, sampler_logp: torch.Tensor, mask: torch.Tensor,
+               cap: float) -> torch.Tensor:
     """Truncated importance sampling between the sampler (vLLM) and the learner (Yao et al. 2025,
     "Your efficient RL framework secretly brings you off-policy RL training", Eq. 3):
-    min(pi_learner_old / pi_sampler, cap) per token, [N, T]; a constant (no gradient)."""
-    return torch.exp(learner_old_logp - sampler_logp).clamp(max=cap).detach()
+    min(pi_learner_old / pi_sampler, cap) per token, [N, T], 0 off the mask; a constant (no gradient)."""
+    return (token_ratio(learner_old_logp, sampler_logp, mask).clamp(max=cap) * mask).detach()
 
 
 def overlong_penalty(lengths: torch.Tensor, max_tokens: int, buffer: int) -> torch.Tensor:
@@ -68,18 +79,23 @@ def overlong_penalty(lengths: torch.Tensor, max_tokens: int, buffer: int) -> tor
     return ((start - lengths.float()) / buffer).clamp(min=-1.0, max=0.0)
 
 
-def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str) -> torch.Tensor:
-    """Per-token estimate of KL(policy || reference) from samples of the policy
+def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, mask: torch.Tensor, estimator: str) -> torch.Tensor:
+    """Per-token estimate of KL(policy || reference) from samples of the policy, [N, T], 0 off the mask
     (Schulman, "Approximating KL divergence", 2020), with log r = ref_logp - logp:
-    k1 = -log r, k2 = (log r)^2 / 2, k3 = (r - 1) - log r (unbiased, always >= 0; GRPO Eq. 4).
+    k1 = -log r, k2 = (log r)^2 / 2, k3 = (r - 1) - log r (GRPO Eq. 4).
+
+    As a reward penalty all three estimate KL(policy || ref) (k1 and k3 unbiased, k3 always >= 0).
+    As a loss term their gradients differ: k1's expected gradient is zero (no pull towards the
+    reference at all, so `check` refuses it in the loss), k2's is the gradient of KL(policy || ref),
+    k3's that of KL(ref || policy).
     """
-    log_ratio = ref_logp - logp
+    log_r = log_ratio(ref_logp, logp, mask)
     if estimator == "k1":
-        return -log_ratio
+        return -log_r
     if estimator == "k2":
-        return 0.5 * log_ratio**2
+        return 0.5 * log_r**2
     if estimator == "k3":
-        return torch.exp(log_ratio) - 1 - log_ratio
+        return torch.exp(log_r) - 1 - log_r
     raise ValueError(f"unknown KL estimator {estimator!r}; use k1, k2 or k3")
 
 

@@ -2,9 +2,8 @@
 
 A task is any class named by `data._target_`; it is built with the keys of the `data` group
 (except `_target_`) plus `seed`, and must offer the methods of `Task`. A task whose constructor
-takes `tokenizer` also gets the model's tokenizer, and one that takes `max_prompt_tokens` gets,
-when the config leaves it null, the room the context leaves a prompt
-(rollout.max_model_len - rollout.max_tokens).
+takes `tokenizer` also gets the model's tokenizer. Whatever the task, the training loop checks
+its prompts against the engine's context (`rlvr.prompts.PromptFit`).
 """
 
 from __future__ import annotations
@@ -93,8 +92,6 @@ def build_task(cfg: DictConfig, model_path: Path | None = None) -> Task:
         from transformers import AutoTokenizer
 
         kwargs["tokenizer"] = AutoTokenizer.from_pretrained(model_path)
-    if "max_prompt_tokens" in params and kwargs.get("max_prompt_tokens") is None:
-        kwargs["max_prompt_tokens"] = cfg.rollout.max_model_len - cfg.rollout.max_tokens
     try:
         return cls(**kwargs)
     except RlvrError:

@@ -9,7 +9,8 @@ checked at start: a missing column or an empty prompt fails with the file, row a
 
 Evaluation uses `eval_path` when given, else `eval_size` rows held out from `path` (chosen with a
 fixed seed, so the same for every run). Training draws the other rows in a seeded shuffled order,
-epoch after epoch. Prompts longer than `max_prompt_tokens` under the model's chat template are dropped.
+epoch after epoch. Rows whose prompt is longer than `max_prompt_tokens` under the model's chat template
+are dropped at load (the engine's context is checked for every task by `rlvr.prompts`).
 """
 
 from __future__ import annotations
@@ -178,7 +179,7 @@ class DatasetTask:
 
     @staticmethod
     def _fitting(prompts: list[Prompt], tokenizer, limit: int, path: str) -> list[Prompt]:
-        from rlvr.evaluate import render
+        from rlvr.prompts import render
 
         kept = [p for p in prompts if len(render(tokenizer, p)) <= limit]
         if len(kept) < len(prompts):

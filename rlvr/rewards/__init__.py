@@ -59,7 +59,9 @@ def combine(terms: dict[str, torch.Tensor], weights: dict[str, float], order: st
     ([[0.0, 11.0]], [[-1.0, 1.0]])
     """
     if order == "normalise_then_sum":
-        terms = {n: (t - t.mean(dim=1, keepdim=True)) / (t.std(dim=1, keepdim=True) + eps) for n, t in terms.items()}
+        from rlvr.algorithms.advantages import grpo  # the same normalisation: a flat term gives exactly 0
+
+        terms = {n: grpo(t, eps) for n, t in terms.items()}
     elif order != "sum_then_normalise":
         raise ValueError(f"reward.combine must be one of {COMBINE}, got {order!r}")
     return sum(weights[n] * t for n, t in terms.items())

@@ -8,10 +8,13 @@ reset, KV computed under the old weights is served and outputs are silently wron
 
 from __future__ import annotations
 
+import contextlib
 import gc
+import json
 import logging
+import math
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import torch
@@ -31,14 +34,56 @@ class WeightSyncError(RlvrError, RuntimeError):
     """The engine does not serve the learner's weights (a stale or corrupt sync)."""
 
 
-def _vllm_environment(cache_dir: Path) -> None:
-    """Settings vLLM reads when it starts; set just before the first engine, never at import."""
+class EngineConfigError(RlvrError, ValueError):
+    """Engine settings that cannot work with this model; the message names the key."""
+
+
+# Tokens the canary check samples from its prompt (see `check_canary`).
+CANARY_NEW_TOKENS = 4
+
+
+def check_kv_cache(model_path: Path, cfg: DictConfig, dtype: str, device: str) -> None:
+    """On CPU, refuse a `rollout.kv_cache_gib` too small for one sequence of `rollout.max_model_len`
+    tokens, before anything loads (vLLM's own error would point at a GPU setting)."""
+    if device != "cpu":
+        return
+    config = json.loads((model_path / "config.json").read_text())
+    config = config.get("text_config", config)
+    heads = config["num_attention_heads"]
+    head_dim = config.get("head_dim") or config["hidden_size"] // heads
+    per_token = 2 * config["num_hidden_layers"] * config.get("num_key_value_heads", heads) * head_dim
+    per_token *= 4 if dtype == "float32" else 2  # bytes per value
+    need = cfg.max_model_len * per_token / 2**30
+    if cfg.kv_cache_gib < need:
+        raise EngineConfigError(
+            f"rollout.kv_cache_gib={cfg.kv_cache_gib:g} cannot hold one sequence of rollout.max_model_len="
+            f"{cfg.max_model_len} tokens of this model ({need:.3g} GiB): raise rollout.kv_cache_gib (1 or more "
+            "lets the engine batch many sequences) or lower rollout.max_model_len.")
+
+
+@contextlib.contextmanager
+def _vllm_environment(cache_dir: Path) -> Iterator[None]:
+    """Settings vLLM reads when it starts; set just before an engine starts, never at import.
+
+    The hub is offline only while the engine starts (the model is a local folder), so that a later
+    job of the same process (a Hydra multirun) can still read a hub dataset."""
+    import huggingface_hub.constants as hub  # vLLM reads the flag here, not from the environment
+
     # In-process engine: starts in ~4 s instead of ~30 s, and takes weights by reference.
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("VLLM_CACHE_ROOT", str(cache_dir / "vllm"))
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    previous = os.environ.get("HF_HUB_OFFLINE"), hub.HF_HUB_OFFLINE
+    os.environ["HF_HUB_OFFLINE"], hub.HF_HUB_OFFLINE = "1", True
+    try:
+        yield
+    finally:
+        if previous[0] is None:
+            os.environ.pop("HF_HUB_OFFLINE", None)
+        else:
+            os.environ["HF_HUB_OFFLINE"] = previous[0]
+        hub.HF_HUB_OFFLINE = previous[1]
 
 
 class _DropHarmlessWarnings(logging.Filter):
@@ -60,8 +105,11 @@ class RolloutEngine:
     """A vLLM `LLM` serving the current policy."""
 
     def __init__(self, model_path: Path, cfg: DictConfig, dtype: str, seed: int, device: str, cache_dir: Path):
-        _vllm_environment(Path(cache_dir))
-        from vllm import LLM  # imported late: importing vllm is slow and reads the environment above
+        with _vllm_environment(Path(cache_dir)):
+            self._start(model_path, cfg, dtype, seed, device)
+
+    def _start(self, model_path: Path, cfg: DictConfig, dtype: str, seed: int, device: str) -> None:
+        from vllm import LLM  # imported late: importing vllm is slow and reads the environment
 
         for name in ("vllm.model_executor.model_loader.reload.layerwise", "vllm.v1.worker.cpu_worker"):
             logging.getLogger(name).addFilter(_HARMLESS)
@@ -99,8 +147,10 @@ class RolloutEngine:
                  greedy: bool = False, context: str = "") -> list[Rollout]:
         """`n` completions of each prompt: one request per prompt (vLLM shares its KV across the group).
 
-        Request i is seeded with `seed + i`, so a step's samples repeat exactly for the same seed.
-        `context` (e.g. "at step 7") goes into the message should the engine fail.
+        vLLM seeds sample j of a request with the request's seed + j, so request i is seeded with
+        `seed + i * n`: every sample of the call has a stream of its own (seed + i * n + j), and a
+        step's samples repeat exactly for the same seed. `context` (e.g. "at step 7") goes into the
+        message should the engine fail.
         """
         from vllm import SamplingParams
 
@@ -111,7 +161,7 @@ class RolloutEngine:
                 top_p=1.0 if greedy else self.cfg.top_p,
                 max_tokens=self.cfg.max_tokens,
                 logprobs=0,  # the sampled token's own logprob
-                seed=seed + i,
+                seed=seed + i * n,
             )
             for i in range(len(prompts))
         ]
@@ -134,7 +184,25 @@ class RolloutEngine:
         self.llm.collective_rpc(
             "reload_weights", kwargs={"weights_iterator": list(named_tensors), "is_checkpoint_format": True}
         )
-        self.llm.reset_prefix_cache()
+        if not self.llm.reset_prefix_cache():
+            raise WeightSyncError("after the weight sync vLLM could not reset its prefix cache (requests still "
+                                  "running?): cached KV of the old weights would be served")
+
+    def sample_continuation(self, token_ids: list[int], n_new: int, seed: int = 0) -> tuple[list[int], torch.Tensor]:
+        """`n_new` tokens sampled at temperature 1 after `token_ids`, the path rollouts take (the prompt's
+        cached KV is read), and their logprobs [n_new]."""
+        from vllm import SamplingParams
+
+        params = SamplingParams(max_tokens=n_new, temperature=1.0, logprobs=0, seed=seed,
+                                ignore_eos=True)  # not min_tokens: it would mask eos out of the logprobs
+        out = self._generate([{"prompt_token_ids": token_ids}], params,
+                             f"sampling after the {len(token_ids)}-token canary sequence")[0].outputs[0]
+        ids = list(out.token_ids)
+        return ids, torch.tensor([step[t].logprob for step, t in zip(out.logprobs, ids, strict=True)])
+
+    def block_size(self) -> int:
+        """Tokens per KV-cache block: only whole blocks of a prompt are kept in the prefix cache."""
+        return self.llm.llm_engine.vllm_config.cache_config.block_size
 
     def sequence_logprobs(self, token_ids: list[int]) -> torch.Tensor:
         """Logprobs [len - 1] the engine gives tokens 1.. of `token_ids` (its prompt logprobs), at temperature 1."""
@@ -153,13 +221,20 @@ class RolloutEngine:
             torch.cuda.empty_cache()
 
 
-def check_canary(engine: RolloutEngine, learner_logprobs: torch.Tensor, token_ids: list[int], tol: float) -> float:
-    """Compare the engine's logprobs of a fixed sequence to the learner's; raise when they differ.
+def check_canary(engine: RolloutEngine, score: Callable[[list[int]], torch.Tensor], token_ids: list[int],
+                 tol: float) -> float:
+    """Compare the engine's logprobs of a fixed sequence and of a short continuation of it with the
+    learner's (`score`: logprobs [len - 1] of tokens 1.. at temperature 1); raise when they differ.
 
-    Returns the largest absolute difference. A stale engine (a sync skipped or silently
-    failed) makes the difference jump far above float noise, and the run stops here.
+    Two engine paths are checked: the sequence scored as a prompt (vLLM computes every position with
+    the current weights, and never reads the prefix cache for it), and `CANARY_NEW_TOKENS` tokens
+    sampled after it, which read the KV cached for the sequence by the previous check, as a rollout
+    would. A skipped weight load shows in both, a prefix cache still holding the old weights' KV in
+    the second. Returns the largest absolute difference.
     """
-    diff = (engine.sequence_logprobs(token_ids) - learner_logprobs.cpu()).abs().max().item()
+    new_ids, new_logprobs = engine.sample_continuation(token_ids, CANARY_NEW_TOKENS)
+    engine_logprobs = torch.cat([engine.sequence_logprobs(token_ids), new_logprobs])
+    diff = (engine_logprobs - score(token_ids + new_ids).cpu()).abs().max().item()
     if not diff <= tol:  # also catches NaN
         raise WeightSyncError(
             f"after the weight sync the engine's logprobs of the canary sequence differ from the learner's "
@@ -167,3 +242,10 @@ def check_canary(engine: RolloutEngine, learner_logprobs: torch.Tensor, token_id
         )
     return diff
 
+
+def canary_sequence(prompt_ids: list[int], answer_ids: list[int], block_size: int, max_len: int) -> list[int]:
+    """The canary: a prompt and an answer, repeated until it fills at least one KV-cache block (so that
+    its continuation reads the prefix cache), cut to leave room for the continuation in `max_len`."""
+    base = prompt_ids + answer_ids
+    repeats = math.ceil((block_size + 1) / len(base))
+    return (base * repeats)[: max_len - CANARY_NEW_TOKENS]

@@ -1,0 +1,105 @@
+"""Prompts as the engine sees them: rendered through the model's chat template, and checked against
+the engine's context before any of them reaches it.
+
+vLLM refuses a request whose prompt plus `rollout.max_tokens` exceeds `rollout.max_model_len`. Every
+task's prompts, training and held-out, go through `PromptFit`: one that does not fit is dropped and
+counted (training draws more in its place); when none fits, the run stops at start with a message
+that names the keys to change.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from rlvr.errors import RlvrError
+from rlvr.types import Prompt
+
+log = logging.getLogger("rlvr")
+
+# Rounds of `task.sample(n)` a step may draw to find n training prompts that fit.
+MAX_DRAWS = 10
+
+
+class ContextError(RlvrError, ValueError):
+    """A task's prompts do not fit the engine's context; the message names the keys to change."""
+
+
+def render(tokenizer, prompt: Prompt) -> list[int]:
+    """Token ids of a prompt through the model's chat template, ready for the assistant's turn."""
+    text = tokenizer.apply_chat_template(prompt.messages, tokenize=False, add_generation_prompt=True)
+    return tokenizer(text, add_special_tokens=False).input_ids
+
+
+class PromptFit:
+    """Renders prompts and keeps those of at most `max_model_len - max_tokens` tokens."""
+
+    def __init__(self, tokenizer, max_model_len: int, max_tokens: int):
+        self.tokenizer, self.max_model_len, self.max_tokens = tokenizer, max_model_len, max_tokens
+        self.limit = max_model_len - max_tokens
+        self.warned = False
+
+    def fit(self, prompts: list[Prompt]) -> tuple[list[Prompt], list[list[int]], list[int]]:
+        """(the prompts that fit, their token ids, the lengths of those that do not)."""
+        kept, ids, long = [], [], []
+        for p in prompts:
+            tokens = render(self.tokenizer, p)
+            if len(tokens) <= self.limit:
+                kept.append(p)
+                ids.append(tokens)
+            else:
+                long.append(len(tokens))
+        return kept, ids, long
+
+    def _none_fit(self, what: str, long: list[int]) -> ContextError:
+        return ContextError(
+            f"none of the {len(long)} {what} prompts fits the engine's context: the shortest is {min(long)} tokens "
+            f"under the chat template, and rollout.max_model_len={self.max_model_len} leaves {self.limit} beside "
+            f"rollout.max_tokens={self.max_tokens}. Raise rollout.max_model_len (to at least "
+            f"{min(long) + self.max_tokens}), lower rollout.max_tokens, or make the task's prompts shorter (data.*).")
+
+    def _warn(self, what: str, long: list[int], total: int) -> None:
+        log.warning("%d of %d %s prompts are longer than the %d tokens rollout.max_model_len=%d leaves beside "
+                    "rollout.max_tokens=%d (up to %d tokens): dropped%s", len(long), total, what, self.limit,
+                    self.max_model_len, self.max_tokens, max(long),
+                    " and drawn again (counted in data/dropped_prompts)" if what == "training" else "")
+
+    def eval_prompts(self, prompts: list[Prompt]) -> tuple[list[Prompt], list[list[int]]]:
+        """The held-out prompts that fit, with a warning that counts the others; raise when none fits."""
+        kept, ids, long = self.fit(prompts)
+        if not kept:
+            raise self._none_fit("held-out", long)
+        if long:
+            self._warn("held-out", long, len(prompts))
+        return kept, ids
+
+    def probe(self, task, n: int) -> None:
+        """Check a sample of `n` training prompts before the engine starts; the task's state is put back,
+        so the run draws exactly what it would have drawn."""
+        state = task.state_dict()
+        prompts = task.sample(n)
+        task.load_state_dict(state)
+        kept, _, long = self.fit(prompts)
+        if not kept:
+            raise self._none_fit("sampled training", long)
+
+    def sample(self, task, n: int) -> tuple[list[Prompt], list[list[int]], int]:
+        """`n` training prompts that fit, their token ids, and how many were dropped as too long."""
+        prompts: list[Prompt] = []
+        ids: list[list[int]] = []
+        long: list[int] = []
+        for _ in range(MAX_DRAWS):
+            more, more_ids, too_long = self.fit(task.sample(n - len(prompts)))
+            prompts += more
+            ids += more_ids
+            long += too_long
+            if len(prompts) == n:
+                break
+        else:
+            raise ContextError(f"only {len(prompts)} of {len(prompts) + len(long)} training prompts drawn in "
+                               f"{MAX_DRAWS} rounds fit rollout.max_model_len={self.max_model_len} beside "
+                               f"rollout.max_tokens={self.max_tokens}; raise rollout.max_model_len or lower "
+                               "rollout.max_tokens.")
+        if long and not self.warned:
+            self._warn("training", long, len(prompts) + len(long))
+            self.warned = True
+        return prompts, ids, len(long)
