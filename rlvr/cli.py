@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import logging
+import shutil
 import sys
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from omegaconf import DictConfig
 
 from rlvr.config import register
 from rlvr.errors import RlvrError
+from rlvr.keys import unknown_keys
 
 CONFIG_DIR = str(Path(__file__).resolve().parent.parent / "configs")
 
@@ -43,13 +45,48 @@ examples:
 """
 
 
+HYDRA_FILES = {"config.yaml", "hydra.yaml", "overrides.yaml"}  # what Hydra writes into <run dir>/.hydra/
+
+
 def _reported(run, cfg: DictConfig) -> float | None:
-    """Run `run(cfg, run_dir)`; a user's error (RlvrError) is printed alone, without a traceback."""
+    """Run `run(cfg, run_dir)`; a user's error (RlvrError) is printed alone, without a traceback,
+    and the run dir Hydra made for the rejected run is removed if nothing else was written there."""
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
     try:
-        return run(cfg, Path(HydraConfig.get().runtime.output_dir)).get("eval/accuracy")
+        unknown_keys(cfg)
+        return run(cfg, run_dir).get("eval/accuracy")
     except RlvrError as e:
         logging.getLogger("rlvr").error("%s", e)
+        _remove_if_untouched(run_dir)
         sys.exit(1)
+
+
+def _remove_if_untouched(run_dir: Path) -> None:
+    """Remove `run_dir` when it holds only what Hydra wrote at job start (`.hydra/`, the `*.log`
+    file), then its parents left empty, up to the current directory. A dir holding anything else
+    (a resumed run's metrics and checkpoints) is left as it is."""
+    for handler in logging.root.handlers[:]:  # Hydra's file handler keeps the log file open
+        if isinstance(handler, logging.FileHandler) and Path(handler.baseFilename).parent == run_dir:
+            handler.close()
+            logging.root.removeHandler(handler)
+    cwd = Path.cwd().resolve()
+    run_dir = run_dir.resolve()
+    if not run_dir.is_dir() or run_dir == cwd or run_dir in cwd.parents:
+        return
+    for entry in run_dir.iterdir():
+        if entry.is_symlink():
+            return
+        if entry.is_file() and entry.suffix == ".log":
+            continue
+        if entry.name == ".hydra" and entry.is_dir() and all(
+                f.is_file() and not f.is_symlink() and f.name in HYDRA_FILES for f in entry.iterdir()):
+            continue
+        return
+    shutil.rmtree(run_dir)
+    parent = run_dir.parent
+    while cwd in parent.parents and not any(parent.iterdir()):
+        parent.rmdir()
+        parent = parent.parent
 
 
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="train")
@@ -86,6 +123,9 @@ def main() -> None:
         sys.exit(2)
     if command in ("train", "eval"):
         register()
+        # hydra.utils logs the error of a `_target_` that does not import, then raises it; rlvr reports
+        # the raised error with the config key that named it, so Hydra's own line would say it twice.
+        logging.getLogger("hydra.utils").setLevel(logging.CRITICAL)
     sys.argv = [f"rlvr {command}", *rest]
     COMMANDS[command]()
 

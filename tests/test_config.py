@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -10,9 +13,10 @@ from hydra.utils import get_method
 from rlvr.cli import CONFIG_DIR
 from rlvr.config import ConfigError, check
 from rlvr.data import build_task
+from rlvr.keys import unknown_keys
 from rlvr.rewards import Rewards
 
-from .conftest import compose_config, run_cli
+from .conftest import RLVR, compose_config, run_cli
 from .test_files import ROWS, SUFFIX, write
 
 GROUPS = ["model", "data", "reward", "algorithm", "rollout", "optim", "trainer", "logger", "eval"]
@@ -69,15 +73,75 @@ def test_nonsense_values_are_rejected_with_the_key(override, key):
     ("optim.lr=fast", "Value 'fast' of type 'str' could not be converted"),  # wrong type
     ("data.levelz=[[1,1]]", "Key 'levelz' not in 'MultiplicationDataConfig'"),
     ("algorithm.group_size=1", "algorithm.group_size: must be >= 2"),        # checked before any model loads
+    # Hydra's own hint for the misspelt key above: the `+` adds it, and the schema must still refuse it
+    ("+optim.lrr=1e-5", "optim.lrr: no such key; optim (OptimConfig) takes lr, weight_decay, betas, "
+                        "max_grad_norm, warmup_steps; did you mean optim.lr?"),
 ])
 def test_cli_fails_at_start_naming_the_key(override, expected, tmp_path):
     # model.path points nowhere: reaching model loading would fail differently, so the message proves
     # the check ran first.
     result = run_cli(["train", override, "model=local", f"model.path={tmp_path}/absent",
                       f"hydra.run.dir={tmp_path}/run"], cache=tmp_path, timeout=120)
-    assert result.returncode != 0
+    assert result.returncode == 1
     assert expected in result.stderr + result.stdout
-    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+    assert not (tmp_path / "run").exists()  # a rejected run leaves no run dir
+
+
+@pytest.mark.parametrize("override, expected", [
+    ("+optim.lrr=1e-5", "optim.lrr: no such key; optim (OptimConfig) takes lr,"),
+    ("+seeds=1", "seeds: no such key; the config (TrainConfig) takes model, data,"),
+    ("+algorithm.kl.coeff=0.1", "algorithm.kl.coeff: no such key; algorithm.kl (KLConfig) takes coef, "
+                                "reward_coef, estimator; did you mean algorithm.kl.coef?"),
+    ("+reward.terms.correct.wieght=2", "reward.terms.correct.wieght: no such key; reward.terms.correct "
+                                       "(RewardTerm) takes _target_, weight, kwargs"),
+    ("+data.levelz=[[1,1]]", "data.levelz: no such key; data (MultiplicationDataConfig) takes"),
+    ("data=jsonl data.path=x.jsonl +data.prompt_keys=q", "data.prompt_keys: no such key; data (FileDataConfig)"),
+])
+def test_a_key_added_with_plus_that_no_schema_takes_is_named(override, expected):
+    cfg = compose_config(override.split())
+    with pytest.raises(ConfigError, match=re.escape(expected)) as raised:
+        unknown_keys(cfg)
+    assert "+" not in str(raised.value)  # never the advice that let the key in
+
+
+def test_untyped_nodes_take_any_key():
+    cfg = compose_config(["+reward.terms.correct.kwargs.anything=1"])  # the reward function's own keywords
+    cfg.data = {"_target_": "my_pkg.Task", "words": ["a"]}  # a user's task without a schema
+    unknown_keys(cfg)
+    unknown_keys(compose_config(["+experiment=function_picking"]))
+
+
+def _run_in(cwd: Path, args: list[str]) -> subprocess.CompletedProcess:
+    """`rlvr <args>` started in `cwd`, where its default run dir (outputs/<date>/<time>) lands."""
+    env = {**os.environ, "RLVR_CACHE": str(cwd / "cache"), "HYDRA_FULL_ERROR": "0"}
+    return subprocess.run([RLVR, *args], cwd=cwd, capture_output=True, text=True, timeout=120, env=env)
+
+
+@pytest.mark.parametrize("command", ["train", "eval"])
+def test_a_rejected_run_leaves_no_run_dir_but_never_removes_a_run(tmp_path, command):
+    bad = [command, "+optim.lrr=1e-5", "model=local", f"model.path={tmp_path}/absent"]
+    (tmp_path / "mine.txt").write_text("not rlvr's")
+    result = _run_in(tmp_path, bad)
+    assert result.returncode == 1 and "optim.lrr: no such key" in result.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine.txt"]  # outputs/<date>/<time> all gone
+
+    # A run dir that holds a run (metrics, a checkpoint) keeps all of it when a resume is rejected.
+    run_dir = tmp_path / "outputs" / "old"
+    (run_dir / "checkpoints" / "step-000002").mkdir(parents=True)
+    (run_dir / "metrics.jsonl").write_text('{"step": 0}\n')
+    result = _run_in(tmp_path, [*bad, "trainer.resume=auto", "hydra.run.dir=outputs/old"])
+    assert result.returncode == 1 and "optim.lrr: no such key" in result.stderr
+    assert (run_dir / "metrics.jsonl").read_text() == '{"step": 0}\n'
+    assert (run_dir / "checkpoints" / "step-000002").is_dir() and (run_dir / ".hydra").is_dir()
+
+
+def test_a_reward_that_does_not_import_is_reported_once(tmp_path):
+    result = run_cli(["train", "reward.terms.correct._target_=rlvr.rewards.nope.missing", "model=local",
+                      f"model.path={tmp_path}/absent", f"hydra.run.dir={tmp_path}/run"], cache=tmp_path, timeout=120)
+    assert result.returncode == 1
+    assert "reward.terms.correct._target_='rlvr.rewards.nope.missing' cannot be imported" in result.stderr
+    assert result.stderr.count("[ERROR]") == 1, result.stderr  # one error, one log record
+    assert "Traceback" not in result.stderr
 
 
 @pytest.mark.parametrize("group", ["local", "smollm2"])  # smollm2 builds its folder, but only in the cache
