@@ -92,3 +92,27 @@ def test_mask_truncated_drops_cut_completions_from_the_loss():
                 for c, f in [([3, 4, 5], "length"), ([3, 4], "stop")]]
     assert make_batch(rollouts, 0).loss_mask.sum(dim=1).tolist() == [3, 2]
     assert make_batch(rollouts, 0, mask_truncated=True).loss_mask.sum(dim=1).tolist() == [0, 2]
+
+
+def test_warmup_counts_rl_steps_not_optimizer_steps(cache_dir, tiny_path):
+    # 2 epochs x 2 mini-batches = 4 optimizer steps per RL step; warmup over 4 RL steps, lr 1e-2.
+    learner = _learner(cache_dir, tiny_path, "optim.warmup_steps=4", "algorithm.ppo_epochs=2",
+                       "algorithm.mini_batches=2")
+    lrs = [learner.step(_batch(seed=s))["lr"] for s in range(5)]
+    assert lrs == pytest.approx([0.25e-2, 0.5e-2, 0.75e-2, 1e-2, 1e-2])
+
+
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_gspo_preset_is_not_clipped_by_the_engine_learner_mismatch(cache_dir, tiny_path, sign):
+    """GSPO clips the sequence ratio at 1 -/+ 3e-4 / 4e-4, far inside the 1e-3 per token that the canary
+    tolerates between engine and learner: with the sampler's logprobs as the old policy, whole sequences
+    would be clipped on the first update. The preset takes the learner's own logprobs (and TIS)."""
+    def mismatched_batch(learner):
+        batch = _batch()
+        batch.old_logprobs = (learner.batch_logprobs(batch) + sign * 1e-3) * batch.loss_mask
+        return batch
+
+    preset = _learner(cache_dir, tiny_path, "algorithm=gspo")
+    assert preset.step(mismatched_batch(preset))["clip_frac"] == 0.0
+    sampler_anchor = _learner(cache_dir, tiny_path, "algorithm=gspo", "algorithm.tis_cap=null")
+    assert sampler_anchor.step(mismatched_batch(sampler_anchor))["clip_frac"] > 0.2

@@ -1,0 +1,117 @@
+"""The training loop's guards, driven in-process with the real vLLM CPU engine on model=tiny: a
+sabotaged weight sync stops the run, dynamic sampling filters on what the advantage sees, and
+prompts or settings that cannot fit the engine stop the run before it starts."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+
+from rlvr.learner import Learner
+from rlvr.prompts import PromptFit
+from rlvr.rewards import Rewards
+from rlvr.rollout.engine import RolloutEngine, WeightSyncError
+from rlvr.train import collect_groups, shaped_scores, train
+
+from .conftest import compose_config, run_cli
+
+pytestmark = pytest.mark.slow
+
+SMALL = ["+experiment=multiplication", "model=tiny", "data.batch_size=2", "algorithm.group_size=4",
+         "rollout.max_tokens=16", "data.eval_size=4", "trainer.save_model=false"]
+
+
+def _no_reset(self, named_tensors):
+    """A sync that loads the weights but forgets vLLM's prefix-cache reset."""
+    self.llm.collective_rpc("reload_weights",
+                            kwargs={"weights_iterator": list(named_tensors), "is_checkpoint_format": True})
+
+
+def _no_load(self, named_tensors):
+    """A sync that never reaches the engine."""
+
+
+# The faults are in rlvr's own sync code, which cannot be broken for real from outside: the real engine
+# and the real loop run, only RolloutEngine.load_weights is replaced by a faulty version of itself.
+@pytest.mark.parametrize("sabotage", [_no_load, _no_reset], ids=["no_load", "no_prefix_cache_reset"])
+def test_a_sabotaged_sync_stops_the_run_with_the_canary_message(tmp_path, cache_dir, monkeypatch, sabotage):
+    monkeypatch.setattr(RolloutEngine, "load_weights", sabotage)
+    cfg = compose_config([*SMALL, "reward=digits", "optim.lr=1e-2", "trainer.max_steps=3"], cache_dir)
+    with pytest.raises(WeightSyncError, match=r"canary sequence differ from the learner.s by .* \(> rollout.canary_tol"):
+        train(cfg, tmp_path / "run")
+    steps = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [s["step"] for s in steps] == [0]  # stopped at step 1's check: nothing of step 1 was logged
+
+
+def test_dynamic_sampling_keeps_groups_by_their_shaped_scores(cache_dir, tiny_path):
+    """The raw reward is 0 everywhere (no group has a signal in it); a shaping term that differs inside
+    the first group only (as DAPO's overlong penalty or a KL reward would) gives that group a signal."""
+    cfg = compose_config([*SMALL, "algorithm=dapo", "algorithm.dynamic_sampling.max_rounds=1", "algorithm.overlong.mode=none",
+                          "reward=first_digit", "reward.terms.first_digit.kwargs.prefix=[QQQ]"], cache_dir)
+    rewards = Rewards(cfg.reward)
+    learner = Learner(tiny_path, cfg.model, cfg.optim, cfg.algorithm, cfg.trainer, cfg.rollout.temperature,
+                      cfg.rollout.max_tokens, "cpu")
+    from rlvr.data import build_task
+
+    task = build_task(cfg, tiny_path)
+    fit = PromptFit(learner.tokenizer, cfg.rollout.max_model_len, cfg.rollout.max_tokens)
+    engine = RolloutEngine(tiny_path, cfg.rollout, "float32", 0, "cpu", cache_dir)
+
+    def score(rollouts):
+        scores, metrics = shaped_scores(rollouts, rewards, learner, cfg)
+        bonus = torch.zeros_like(scores)
+        bonus[0, 0] = 0.5  # one sample of the first group of each round
+        return scores + bonus, metrics
+
+    try:
+        c = collect_groups(task, fit, engine, rewards, score, cfg, step=1)
+    finally:
+        engine.close()
+    assert all(r.reward == 0 for r in c.first_round)
+    # Two rounds (max_rounds=1), the first group of each kept: 2 groups, each with exactly one non-zero score.
+    assert c.rounds == 1 and c.scores.shape == (2, 4)
+    assert c.scores[:, 0].tolist() == [0.5, 0.5] and c.scores[:, 1:].abs().sum() == 0
+
+
+def test_prompts_that_cannot_fit_the_context_stop_the_run_at_start(tmp_path, cache_dir):
+    # function picking on the tiny model's byte-level tokenizer: prompts of ~500-1200 tokens
+    result = run_cli(["train", "+experiment=function_picking", "model=tiny", "rollout.max_model_len=300",
+                      f"hydra.run.dir={tmp_path / 'run'}"], cache=cache_dir, timeout=300)
+    assert result.returncode == 1
+    out = result.stdout + result.stderr
+    assert "none of the" in out and "rollout.max_model_len=300" in out and "Traceback" not in out
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_a_kv_cache_too_small_for_one_sequence_is_named(tmp_path, cache_dir):
+    result = run_cli(["train", *SMALL, "rollout.kv_cache_gib=0.00001", f"hydra.run.dir={tmp_path / 'run'}"],
+                     cache=cache_dir, timeout=300)
+    assert result.returncode == 1
+    out = result.stdout + result.stderr
+    assert "rollout.kv_cache_gib=1e-05 cannot hold one sequence of rollout.max_model_len=1024" in out
+    assert "gpu_memory_utilization" not in out and "Traceback" not in out
+
+
+def test_resume_auto_without_a_checkpoint_says_what_is_there(tmp_path, cache_dir):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "metrics.jsonl").write_text('{"step": 0}\n')
+    result = run_cli(["train", *SMALL, "trainer.resume=auto", f"hydra.run.dir={run_dir}"], cache=cache_dir,
+                     timeout=300)
+    assert result.returncode == 1
+    out = result.stdout + result.stderr
+    assert "holds a run (metrics.jsonl) but no complete checkpoint" in out and "trainer.overwrite=true" in out
+    assert "Continue it with trainer.resume=auto" not in out
+
+
+def test_the_engine_start_leaves_the_hub_setting_as_it_was(cache_dir, tiny_path):
+    import huggingface_hub.constants as hub
+
+    before = os.environ.get("HF_HUB_OFFLINE"), hub.HF_HUB_OFFLINE
+    cfg = compose_config(["model=tiny"], cache_dir)
+    engine = RolloutEngine(tiny_path, cfg.rollout, "float32", 0, "cpu", cache_dir)
+    engine.close()
+    assert (os.environ.get("HF_HUB_OFFLINE"), hub.HF_HUB_OFFLINE) == before
