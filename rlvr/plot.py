@@ -10,6 +10,8 @@ import argparse
 import json
 from pathlib import Path
 
+from omegaconf import OmegaConf
+
 PANELS = [
     ("reward/mean", "reward (mean)"),
     ("accuracy", "training accuracy"),
@@ -35,8 +37,8 @@ def differing_overrides(run_dirs: list[Path]) -> list[str]:
     overrides = []
     for d in run_dirs:
         path = d / ".hydra" / "overrides.yaml"
-        lines = path.read_text().splitlines() if path.is_file() else []
-        overrides.append([x.strip()[2:] for x in lines if x.strip().startswith("- ")])
+        # read as YAML: Hydra's writer quotes some overrides and folds long ones over several lines
+        overrides.append([str(x) for x in OmegaConf.to_container(OmegaConf.load(path))] if path.is_file() else [])
     common = set.intersection(*(set(o) for o in overrides)) if len(run_dirs) > 1 else set()
     return [" ".join(x for x in o if x not in common) for o in overrides]
 

@@ -56,10 +56,23 @@ class SweepSummary(Callback):
             writer = csv.DictWriter(f, fieldnames=list(rows[0]))
             writer.writeheader()
             writer.writerows(rows)
-        table = Table(title=f"sweep {sweep_dir} ({len(rows)} runs, best eval accuracy first)")
-        for column in rows[0]:
-            table.add_column(column, justify="left" if column in ("run", "overrides") else "right")
-        for row in rows:
-            table.add_row(*("" if v is None else f"{v:.3f}" if isinstance(v, float) else str(v) for v in row.values()))
-        Console().print(table)
+        Console().print(sweep_table(rows, f"sweep {sweep_dir} ({len(rows)} runs, best eval accuracy first)"))
         log.info("sweep summary: %s", sweep_dir / "sweep_summary.csv")
+
+
+def sweep_table(rows: list[dict[str, Any]], title: str) -> Table:
+    """The rows of `summarise_sweep` as a rich table that never cuts a cell.
+
+    A console narrower than the table (80 columns when the output is piped) makes rich shrink the
+    columns, and by default cut what no longer fits with "…": the overrides that tell the runs apart
+    lost their ends. Here a cell wraps at spaces, then folds mid-word; headers wrap at spaces too."""
+    table = Table(title=title)
+    for column in rows[0]:
+        text = column in ("run", "overrides")
+        # numbers keep to 8 characters (their headers wrap at spaces) and leave the room to the overrides
+        table.add_column(column.replace("_", " "), justify="left" if text else "right", overflow="fold",
+                         max_width=None if text else 8)
+    for row in rows:
+        table.add_row(*("" if v is None else f"{v:.1f}" if k == "wall_s" else f"{v:.3f}" if isinstance(v, float)
+                        else str(v) for k, v in row.items()))
+    return table
