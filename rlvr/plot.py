@@ -1,4 +1,6 @@
-"""`rlvr plot RUN_DIR [RUN_DIR ...]`: training curves from metrics.jsonl, runs overlaid, as one PNG.
+"""`rlvr plot RUN_DIR [RUN_DIR ...] [--out PNG]`: training curves from metrics.jsonl, runs overlaid, as
+one PNG: by default the run's own curves.png for one run, a new curves-<date>-<time>.png in the
+current directory for several.
 
 Panels: reward, training accuracy, held-out eval accuracy, completion length, KL, clip fraction,
 engine/learner mismatch, and the step-time breakdown (of the first run).
@@ -8,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 from pathlib import Path
 
 from omegaconf import OmegaConf
@@ -94,15 +97,30 @@ def plot(run_dirs: list[Path], out: Path) -> Path:
     return out
 
 
+def default_out(run_dirs: list[Path]) -> Path:
+    """Where `rlvr plot` draws without --out: one run's own curves.png; for several runs a new file in
+    the current directory (never one run's curves.png, which would then show the others too)."""
+    if len(run_dirs) == 1:
+        return run_dirs[0] / "curves.png"
+    stem = f"curves-{time.strftime('%Y%m%d-%H%M%S')}"
+    out, n = Path(f"{stem}.png"), 1
+    while out.exists():
+        n += 1
+        out = Path(f"{stem}-{n}.png")
+    return out
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="rlvr plot", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("run_dirs", nargs="+", type=Path, help="run dirs holding metrics.jsonl")
-    parser.add_argument("--out", type=Path, default=None, help="PNG file (default: <first run dir>/curves.png)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="PNG file (default: <run dir>/curves.png for one run; for several, a new "
+                             "curves-<date>-<time>.png in the current directory)")
     args = parser.parse_args(argv)
     try:
-        out = plot(args.run_dirs, args.out or args.run_dirs[0] / "curves.png")
+        out = plot(args.run_dirs, args.out or default_out(args.run_dirs))
     except FileNotFoundError as e:
         parser.error(str(e))
-    print(out)
+    print(f"curves of {len(args.run_dirs)} run{'s' if len(args.run_dirs) > 1 else ''}: {out.resolve()}")
     return 0

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
 
 import pytest
 import torch
@@ -10,7 +12,7 @@ from safetensors.torch import load_file
 
 from rlvr.learner import token_logprobs
 
-from .conftest import run_cli
+from .conftest import RLVR, run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -47,11 +49,26 @@ def test_two_steps_train_sync_and_write_every_output(tmp_path, cache_dir, tiny_p
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["steps"] == 2 and summary["wall_s"] > 0 and "eval/accuracy" in summary["final_eval"]
 
-    # `rlvr plot` draws the curves of this run into a PNG.
-    plotted = run_cli(["plot", str(run_dir)], cache=cache_dir, timeout=120)
+    # `rlvr plot` draws the curves of this run into a PNG (training wrote run_dir/curves.png already).
+    own = (run_dir / "curves.png").read_bytes()
+    png = tmp_path / "plots" / "one.png"
+    plotted = run_cli(["plot", str(run_dir), "--out", str(png)], cache=cache_dir, timeout=120)
     assert plotted.returncode == 0, plotted.stderr[-2000:]
-    png = run_dir / "curves.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+    # Several runs without --out: a new file in the current directory, named in the output; no run's
+    # own curves.png is overwritten.
+    other = tmp_path / "other"
+    other.mkdir()
+    shutil.copy(run_dir / "metrics.jsonl", other)
+    here = tmp_path / "here"
+    here.mkdir()
+    plotted = subprocess.run([RLVR, "plot", str(run_dir), str(other)], cwd=here, capture_output=True, text=True,
+                             timeout=120)
+    assert plotted.returncode == 0, plotted.stderr[-2000:]
+    [png] = here.iterdir()
+    assert png.name.startswith("curves-") and str(png.resolve()) in plotted.stdout
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+    assert (run_dir / "curves.png").read_bytes() == own and not (other / "curves.png").exists()
 
     # The final model is a Hugging Face folder with different weights from the start.
     before, after = load_file(tiny_path / "model.safetensors"), load_file(run_dir / "model" / "model.safetensors")
