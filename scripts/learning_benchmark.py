@@ -5,7 +5,8 @@ before training and after N steps, for grpo vs dapo vs dr_grpo — one Hydra mul
     python scripts/learning_benchmark.py --steps 30 --eval-every 10 seed=1
 
 Prints a Markdown table (accuracy before/after, steps, wall time) and writes a PNG of the curves
-(`rlvr plot` over the three runs). Takes ~10-15 minutes per algorithm on a 2-core CPU.
+(`rlvr plot` over the three runs) into the sweep folder (--out), or where --png says. Takes ~10-15
+minutes per algorithm on a 2-core CPU.
 """
 
 from __future__ import annotations
@@ -26,7 +27,9 @@ def main() -> int:
     parser.add_argument("--eval-every", type=int, default=5)
     parser.add_argument("--algorithms", default="grpo,dapo,dr_grpo")
     parser.add_argument("--out", type=Path, default=Path("multirun") / f"learning-{time.strftime('%Y%m%d-%H%M%S')}")
-    parser.add_argument("--png", type=Path, default=Path("docs") / "learning_benchmark.png")
+    parser.add_argument("--png", type=Path, default=None,
+                        help="PNG of the curves (default: learning_benchmark.png in the --out folder; "
+                             "docs/learning_benchmark.png is the README's, replace it on purpose only)")
     parser.add_argument("overrides", nargs="*", help="further rlvr train overrides")
     args = parser.parse_args()
 
@@ -47,7 +50,7 @@ def main() -> int:
                  if "eval/accuracy" in x]
         print(f"| {name} | {summary['first_eval']['eval/accuracy']:.3f} | {summary['final_eval']['eval/accuracy']:.3f}"
               f" | {max(evals):.3f} | {summary['wall_s'] / 60:.1f} min |")
-    print(f"\ncurves: {plot(runs, args.png)}")
+    print(f"\ncurves: {plot(runs, args.png or args.out / 'learning_benchmark.png')}")
     return 0
 
 
