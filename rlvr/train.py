@@ -4,11 +4,13 @@
 Where this departs from the GRPO paper (Shao et al. 2024):
 - The "old" policy of the clipped ratio is the sampler's own logprobs (from vLLM), as in
   DAPO/verl with one update per batch; the ratio is 1 up to engine/learner numerical
-  mismatch, which is logged every step (mismatch/*).
+  mismatch, which is logged every step the learner runs (mismatch/*). The GSPO preset (and any run
+  with `algorithm.tis_cap`) takes the learner's own logprobs before the update instead, with TIS.
 - Loss aggregation defaults to a token mean over the whole batch (DAPO); the paper's
   per-sequence mean is `algorithm.loss_agg=seq_mean_token_mean`.
 - Sequences whose advantage is 0 are not run through the learner when there is no KL term
-  (their gradient is exactly 0); they still count in the loss normaliser.
+  (their gradient is exactly 0); they still count in the loss normaliser. A group whose scores are
+  equal up to float rounding gets advantage exactly 0 (rlvr.algorithms.advantages.flat_groups).
 - DAPO's dynamic sampling draws a whole new batch of prompts per extra round and stops after
   `max_rounds`, training on the groups it has, instead of looping until the batch is full.
 - Reward and accuracy are logged for the first round of prompts (an unfiltered sample of the

@@ -62,10 +62,22 @@ def test_overrides_from_the_contract_apply():
     ("algorithm=dapo algorithm.overlong.buffer=64", "algorithm.overlong.buffer"),
     ("algorithm.dual_clip=0.5", "algorithm.dual_clip"),
     ("algorithm.tis_cap=0.5", "algorithm.tis_cap"),
+    # the correctness audit: each of these trains on something other than what it says
+    ("algorithm.kl.coef=0.1 algorithm.kl.estimator=k1", "algorithm.kl.estimator: k1 in the loss"),
+    ("rollout.top_p=0.9", "rollout.top_p: must be 1.0 in training"),
+    ("model.dtype=bfloat16", "model.dtype: training in bfloat16 is refused"),
+    ("trainer.max_steps=0", "trainer.max_steps: must be >= 1"),
+    # a bad value is named by its own key, not by another check that happens to trip over it
+    ("data.batch_size=0", "data.batch_size: must be >= 1"),
 ])
 def test_nonsense_values_are_rejected_with_the_key(override, key):
     with pytest.raises(ConfigError, match=key):
         check(compose_config(override.split()))
+
+
+@pytest.mark.parametrize("override", ["rollout.top_p=0.9", "model.dtype=bfloat16"])
+def test_eval_may_sample_with_top_p_and_serve_bf16(override):
+    check(compose_config(override.split()), training=False)
 
 
 @pytest.mark.parametrize("override, expected", [

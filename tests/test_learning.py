@@ -14,6 +14,7 @@ pytestmark = pytest.mark.slow
 PRESETS = ["grpo", "dapo", "dr_grpo", "gspo", "rloo"]
 MUST_LEARN = {"grpo", "dapo", "dr_grpo"}
 STEPS = 30
+LAST = 5  # learning is judged on the mean of the last steps, not on the best (noisy) one
 
 
 @pytest.fixture(scope="module")
@@ -39,18 +40,25 @@ def test_every_preset_runs_every_step(sweep):
     assert sorted(sweep) == sorted(PRESETS)
     for name, steps in sweep.items():
         assert [s["step"] for s in steps] == list(range(1, STEPS + 1)), name
-        assert all(s["sync/logprob_max_diff"] <= 1e-3 for s in steps), name
+        # every step whose update ran a sequence really moved the policy, and measured the mismatch
+        ran = [s for s in steps if s["learn/sequences"] > 0]
+        assert len(ran) >= 5, name
+        assert all(s["grad_norm"] > 0 and "mismatch/logprob_abs_max" in s for s in ran), name
 
 
 @pytest.mark.parametrize("name", sorted(MUST_LEARN))
 def test_preset_learns_the_first_digit_task(sweep, name):
     rewards = [s["reward/first_digit"] for s in sweep[name]]
-    assert max(rewards) >= 0.9, f"{name}: reward per step {[round(r, 2) for r in rewards]}"
-    assert rewards[0] < 0.7  # it had something to learn
+    first, last = sum(rewards[:LAST]) / LAST, sum(rewards[-LAST:]) / LAST
+    assert last >= 0.8 and last - first >= 0.25, f"{name}: reward per step {[round(r, 2) for r in rewards]}"
 
 
 def test_dapo_filters_groups_without_signal(sweep):
     steps = sweep["dapo"]
     # Late in training most groups are all-correct; dynamic sampling drew extra rounds to refill.
-    assert any(s["groups/extra_rounds"] > 0 for s in steps)
-    assert all(s["groups/trained"] <= 8 for s in steps)
+    refilled = [s for s in steps if s["groups/extra_rounds"] > 0]
+    assert refilled
+    for s in refilled:
+        assert s["groups/zero_adv_frac"] > 0  # the first round had groups without a signal ...
+        if s["groups/extra_rounds"] < 3:  # ... and, unless the bound was hit, the batch was refilled
+            assert s["groups/trained"] == 8

@@ -39,7 +39,8 @@ def test_two_steps_train_sync_and_write_every_output(tmp_path, cache_dir, tiny_p
                     "sync/logprob_max_diff", "tokens_per_s"]:
             assert key in r, key
         assert r["grad_norm"] > 0
-        assert r["sync/logprob_max_diff"] <= 1e-3  # the engine served the learner's new weights
+        # the engine/learner mismatch of the sequences the learner ran, from step 1 on
+        assert r["learn/sequences"] > 0 and r["mismatch/tokens"] > 0 and r["mismatch/logprob_abs_max"] < 1e-3
 
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert manifest["versions"]["vllm"] == "0.32.0" and manifest["versions"]["torch"].startswith("2.13.0")
@@ -140,6 +141,9 @@ def test_every_knob_at_once_runs_end_to_end(tmp_path, cache_dir):
     assert len(steps) == 2
     for r in steps:
         assert r["learn/optimizer_steps"] == 4
-        assert r["kl_reward"] >= 0 and r["reward/overlong"] <= 0
         assert r["mismatch/logprob_abs_max"] < 1e-3
-        assert r["sync/logprob_max_diff"] <= 1e-3
+    # The KL reward grows as the policy leaves the reference (step 1 samples the reference itself).
+    assert steps[1]["kl_reward"] > 10 * steps[0]["kl_reward"]
+    # Every completion cut at max_tokens=16 is punished by the full -1 (buffer 4 from 12 tokens on).
+    cut = [r for r in steps if r["truncated_frac"] == 1.0]
+    assert cut and all(r["reward/overlong"] == pytest.approx(-1.0) for r in cut)
