@@ -1,0 +1,89 @@
+"""Every `rlvr train` / `rlvr eval` command in README.md's code blocks composes as a shell would pass
+it, and passes the checks a run makes before anything loads (values, combinations, unknown keys)."""
+
+from __future__ import annotations
+
+import itertools
+import re
+import shlex
+
+import pytest
+from hydra.core.override_parser.overrides_parser import OverridesParser
+
+from rlvr.config import check
+from rlvr.keys import unknown_keys
+
+from .conftest import REPO, compose_config
+
+# Placeholders a reader fills in, and what stands in for them here (compose does not touch the paths).
+FILLED = {"outputs/…/model": "/tmp/rlvr-readme/run/model", "<same dir>": "/tmp/rlvr-readme/run"}
+# Hydra's command-line flags: they choose what to do with the composed config, not what it holds.
+FLAGS = {"--help", "--cfg", "-m", "--multirun"}
+
+
+def readme_commands() -> list[str]:
+    """The `rlvr train|eval` command lines of README.md's code blocks (fenced, or indented by four
+    spaces), with backslash continuations joined."""
+    commands, fenced, pending = [], False, ""
+    for line in (REPO / "README.md").read_text().splitlines():
+        if line.startswith("```"):
+            fenced = not fenced
+            continue
+        if not (fenced or line.startswith("    ") or pending):
+            continue
+        line = pending + line.strip()
+        pending = ""
+        if line.endswith("\\"):  # the shell joins the next line
+            pending = line[:-1]
+            continue
+        if re.match(r"rlvr (train|eval)\b", line):
+            commands.append(line)
+    return commands
+
+
+COMMANDS = readme_commands()
+
+
+def overrides_of(command: str) -> list[list[str]] | str:
+    """The override lists `command` runs with (one per job of a multirun), as the shell splits it;
+    or why it cannot be composed here."""
+    for placeholder, value in FILLED.items():
+        command = command.replace(placeholder, value)
+    args = shlex.split(command, comments=True)[2:]
+    if "..." in args:
+        return "'...' stands for the reader's own overrides"
+    if any(a.startswith("--config-dir") for a in args):
+        return "a config dir of the reader's own: tests/test_tasks_e2e.py runs this example"
+    assert not [a for a in args if "…" in a or re.search(r"<[^>]*>", a)], f"unfilled placeholder in {command!r}"
+    multirun = bool({"-m", "--multirun"} & set(args))
+    args = [a for i, a in enumerate(args) if a not in FLAGS and not (i and args[i - 1] == "--cfg")]
+    parsed = OverridesParser.create().parse_overrides(args)
+    if not multirun:
+        return [args]
+    choices = [[f"{o.get_key_element()}={v}" for v in o.sweep_string_iterator()] if o.is_sweep_override()
+               else [o.input_line] for o in parsed]
+    return [list(job) for job in itertools.product(*choices)]
+
+
+def test_the_readme_commands_are_found():
+    assert len(COMMANDS) >= 20, COMMANDS
+    assert any(c.startswith("rlvr eval") for c in COMMANDS) and any(" -m " in c for c in COMMANDS)
+    assert not [c for c in COMMANDS if c.endswith("\\")]
+
+
+@pytest.mark.parametrize("command", COMMANDS, ids=[c.split("#")[0].strip() for c in COMMANDS])
+def test_a_readme_command_composes_and_passes_the_checks(command):
+    jobs = overrides_of(command)
+    if isinstance(jobs, str):
+        pytest.skip(jobs)
+    for overrides in jobs:
+        cfg = compose_config(overrides)
+        check(cfg)
+        unknown_keys(cfg)
+
+
+def test_the_prompt_template_arrives_as_written():
+    """Braces and a backslash survive the shell and Hydra's override grammar."""
+    [command] = [c for c in COMMANDS if "data.prompt_template=" in c]
+    [overrides] = overrides_of(command)
+    assert compose_config(overrides).data.prompt_template == r"{prompt} Put the final answer in \boxed{}."
