@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import doctest
+import json
 import math
 import os
+import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -13,6 +17,8 @@ from omegaconf import OmegaConf
 from rlvr.config import RewardConfig
 from rlvr.rewards import RewardError, Rewards, answer, combine, equivalence, structured, text
 from rlvr.types import Prompt, Rollout
+
+from .conftest import REPO
 
 P = Prompt(messages=[], answer="1932")
 
@@ -264,3 +270,63 @@ def test_combination_orders():
     assert each.flatten().tolist() == pytest.approx([0.5 * 0.7071, -0.5 * 0.7071] * 2, abs=1e-3)
     with pytest.raises(ValueError, match="reward.combine"):
         combine({"a": summed}, {"a": 1.0}, "average")
+
+
+def test_a_worker_that_died_while_idle_is_replaced():
+    rewards = _rewards({"pid": {"_target_": "tests.plugins.pid"}}, workers=1)
+    try:
+        first = _rollout("fine")
+        rewards.score([first])
+        [(process, _)] = rewards.pool.workers
+        assert first.rewards["pid"] == process.pid
+        process.kill()  # between two batches: nothing of it is in flight
+        process.join()
+        again = _rollout("fine")
+        assert rewards.score([again]) == 0 and again.reward_errors == {}
+        [(replacement, _)] = rewards.pool.workers
+        assert replacement.is_alive() and again.rewards["pid"] == replacement.pid != process.pid
+    finally:
+        rewards.close()
+
+
+# A trainer's process group under Ctrl-C: the trainer notes the signal and finishes its step, so its
+# reward workers must go on scoring the calls they hold and the ones still to come.
+CTRL_C = """
+import json, signal
+from omegaconf import OmegaConf
+from rlvr.config import RewardConfig
+from rlvr.rewards import Rewards
+from rlvr.types import Prompt, Rollout
+
+noted = []
+signal.signal(signal.SIGINT, lambda signum, frame: noted.append(signum))
+cfg = {"terms": {"nap": {"_target_": "tests.slow_rewards.nap", "kwargs": {"seconds": 0.5}}},
+       "correct_term": "nap", "workers": 2, "timeout_s": 60}
+rewards = Rewards(OmegaConf.merge(OmegaConf.structured(RewardConfig), cfg))
+batch = lambda n: [Rollout(prompt=Prompt(messages=[], answer="1"), group=0, prompt_ids=[], completion_ids=[],
+                           sampler_logprobs=[], text="x", finish_reason="stop") for _ in range(n)]
+first, second = batch(2), batch(8)
+rewards.score(first)  # the workers are up
+print("scoring", flush=True)
+failed = rewards.score(second)  # 8 naps of 0.5 s on 2 workers: Ctrl-C arrives while they are in flight
+print(json.dumps({"failed": failed, "noted": noted, "errors": [r.reward_errors for r in second],
+                  "before": sorted({r.rewards["nap"] for r in first}),
+                  "after": sorted({r.rewards["nap"] for r in second})}))
+rewards.close()
+"""
+
+
+def test_reward_workers_ignore_ctrl_c_and_keep_scoring():
+    proc = subprocess.Popen([sys.executable, "-c", CTRL_C], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)  # a process group of its own, like a terminal's job
+    try:
+        assert proc.stdout.readline() == "scoring\n", proc.stderr.read()
+        os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C: the whole group, the workers with it
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err[-3000:]
+    result = json.loads(out)
+    assert result["noted"] == [signal.SIGINT]  # the signal did reach the group
+    assert result["failed"] == 0 and not any(result["errors"]), result["errors"]
+    assert result["after"] == result["before"] and len(result["before"]) == 2  # the same two workers
