@@ -1,10 +1,12 @@
-"""Runs that survive: checkpoints, exact resume after a real SIGKILL, graceful SIGTERM, a full disk,
-NaN updates, and bad input that fails at start — all with the real CLI on the tiny model."""
+"""Runs that survive: checkpoints, exact resume after a real SIGKILL, graceful SIGTERM and Ctrl-C,
+a full disk, a failed checkpoint write, NaN updates, and bad input that fails at start — all with the
+real CLI on the tiny model."""
 
 from __future__ import annotations
 
 import json
 import os
+import resource
 import shutil
 import signal
 import subprocess
@@ -12,10 +14,12 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
+from safetensors.torch import load_file
 
 from rlvr import checkpoint
 
-from .conftest import RLVR, run_cli
+from .conftest import REPO, RLVR, run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -23,9 +27,13 @@ RUN = ["+experiment=multiplication", "model=tiny", "reward=digits", "optim.lr=1e
        "algorithm.group_size=4", "rollout.max_tokens=16", "data.eval_size=4", "trainer.save_model=false",
        "trainer.log_samples=0"]
 STEPS = 6
+# The run that is killed and resumed: a KL term to the original model and a warmup that the resume
+# lands in the middle of, both of which a resume must carry over; the final model is written.
+RESUMED = [*RUN, "algorithm.kl.coef=0.05", "optim.warmup_steps=3", "trainer.save_model=true",
+           f"trainer.max_steps={STEPS}", "trainer.save_every=2"]
 # Everything a step computes from its samples; times are left out (they differ run to run).
 COMPARED = ["reward/mean", "reward/digits", "accuracy", "completion_len/mean", "loss", "grad_norm", "clip_frac",
-            "mismatch/logprob_abs_mean", "sync/logprob_max_diff", "curriculum/level"]
+            "mismatch/logprob_abs_mean", "sync/logprob_max_diff", "curriculum/level", "kl", "lr"]
 
 
 def _steps(run_dir: Path) -> list[dict]:
@@ -33,8 +41,8 @@ def _steps(run_dir: Path) -> list[dict]:
     return [x for x in lines if "time/step_s" in x]
 
 
-def _start(args: list[str], cache: Path) -> subprocess.Popen:
-    env = {**os.environ, "RLVR_CACHE": str(cache)}
+def _start(args: list[str], cache: Path, extra_env: dict | None = None) -> subprocess.Popen:
+    env = {**os.environ, "RLVR_CACHE": str(cache), **(extra_env or {})}
     return subprocess.Popen([RLVR, "train", *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=env, start_new_session=True)
 
@@ -53,10 +61,9 @@ def _wait_for_step(proc: subprocess.Popen, run_dir: Path, step: int, timeout: fl
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory, cache_dir) -> Path:
-    """An uninterrupted run of STEPS steps with a checkpoint every 2 steps."""
+    """An uninterrupted run of STEPS steps (RESUMED) with a checkpoint every 2 steps."""
     run_dir = tmp_path_factory.mktemp("reference") / "run"
-    result = run_cli(["train", *RUN, f"trainer.max_steps={STEPS}", "trainer.save_every=2",
-                      f"hydra.run.dir={run_dir}"], cache=cache_dir)
+    result = run_cli(["train", *RESUMED, f"hydra.run.dir={run_dir}"], cache=cache_dir)
     assert result.returncode == 0, result.stderr[-3000:]
     return run_dir
 
@@ -74,38 +81,87 @@ def test_checkpoints_are_complete_and_pruned(reference):
 
 def test_resume_after_sigkill_repeats_the_uninterrupted_run_exactly(reference, tmp_path, cache_dir):
     run_dir = tmp_path / "run"
-    proc = _start([*RUN, f"trainer.max_steps={STEPS}", "trainer.save_every=2", f"hydra.run.dir={run_dir}"],
-                  cache_dir)
+    proc = _start([*RESUMED, f"hydra.run.dir={run_dir}"], cache_dir)
     _wait_for_step(proc, run_dir, 3)  # the checkpoint of step 2 is written, step 3 logged
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     killed_at = max(s["step"] for s in _steps(run_dir))
     assert killed_at < STEPS
 
-    result = run_cli(["train", *RUN, f"trainer.max_steps={STEPS}", "trainer.save_every=2", "trainer.resume=auto",
-                      f"hydra.run.dir={run_dir}"], cache=cache_dir)
+    result = run_cli(["train", *RESUMED, "trainer.resume=auto", f"hydra.run.dir={run_dir}"], cache=cache_dir)
     assert result.returncode == 0, result.stderr[-3000:]
     resumed, expected = _steps(run_dir), _steps(reference)
     assert [s["step"] for s in resumed] == list(range(1, STEPS + 1))  # no step twice, none missing
+    # the warmup (3 steps) is in effect, and the KL term too: the resume lands inside both
+    assert [s["lr"] for s in expected[:4]] == pytest.approx([1e-3 / 3, 2e-3 / 3, 1e-3, 1e-3])
+    assert all(s["kl"] > 0 for s in expected[1:])
     for got, want in zip(resumed, expected, strict=True):
         for key in COMPARED:
             assert got[key] == pytest.approx(want[key], abs=1e-6), (got["step"], key)
+    # the final greedy evaluation and the final weights
+    final_eval = {k: v for k, v in json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1]).items()
+                  if k.startswith("eval/") and "time" not in k}
+    assert final_eval and final_eval == pytest.approx(
+        {k: v for k, v in json.loads((reference / "metrics.jsonl").read_text().splitlines()[-1]).items()
+         if k in final_eval}, abs=1e-6)
+    got, want = load_file(run_dir / "model" / "model.safetensors"), load_file(reference / "model" / "model.safetensors")
+    assert got.keys() == want.keys()
+    assert max((got[k] - want[k]).abs().max().item() for k in got) < 1e-6
+    assert any(not torch.equal(want[k], load_file(cache_dir / "models" / "tiny" / "model.safetensors")[k])
+               for k in want)  # and they did train
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert manifest["resumed_from"].endswith("step-000002") or manifest["resumed_from"].endswith("step-000004")
 
 
-def test_sigterm_finishes_the_step_checkpoints_and_says_how_to_resume(tmp_path, cache_dir):
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_finishes_the_step_checkpoints_and_says_how_to_resume(tmp_path, cache_dir, signum):
     run_dir = tmp_path / "run"
     proc = _start([*RUN, "trainer.max_steps=500", f"hydra.run.dir={run_dir}"], cache_dir)
     _wait_for_step(proc, run_dir, 2)
-    os.killpg(proc.pid, signal.SIGTERM)
+    os.killpg(proc.pid, signum)  # SIGINT to the group: what Ctrl-C in a terminal sends
     out, _ = proc.communicate(timeout=300)
-    assert proc.returncode == 128 + signal.SIGTERM, out[-3000:]
+    assert proc.returncode == 128 + signum, out[-3000:]  # 143 / 130
     found = checkpoint.complete_checkpoints(run_dir)
     assert len(found) == 1
     checkpoint.validate(found[0])
     assert checkpoint.load_step(found[0]) == max(s["step"] for s in _steps(run_dir))
     assert "trainer.resume=" in out and f"hydra.run.dir={run_dir}" in out
+
+
+def _wait_for_file(proc: subprocess.Popen, path: Path, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if proc.poll() is not None:
+            raise AssertionError(f"the run ended early ({proc.returncode}): {proc.stdout.read()[-3000:]}")
+        assert time.monotonic() < deadline, f"{path} not written in {timeout} s"
+        time.sleep(0.1)
+
+
+def test_a_second_ctrl_c_stops_at_once(tmp_path, cache_dir):
+    """Mid-step, Ctrl-C asks for a stop after the step; a second one stops without finishing it. The
+    step here cannot finish by itself (a reward sleeps for an hour), so only the second signal ends it."""
+    run_dir, gate, started = tmp_path / "run", tmp_path / "gate", tmp_path / "started"
+    proc = _start([*RUN, "trainer.max_steps=500", "reward.timeout_s=null",
+                   "reward.terms.digits._target_=tests.slow_rewards.stall", f"+reward.terms.digits.kwargs.gate={gate}",
+                   f"+reward.terms.digits.kwargs.started={started}", f"hydra.run.dir={run_dir}"],
+                  cache_dir, extra_env={"PYTHONPATH": str(REPO)})
+    try:
+        _wait_for_step(proc, run_dir, 2)
+        gate.touch()
+        _wait_for_file(proc, started)  # a step is stuck in its reward
+        os.killpg(proc.pid, signal.SIGINT)
+        deadline = time.monotonic() + 60
+        while "finishing this step" not in (run_dir / "train.log").read_text():  # the first one was seen
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.1)
+        stuck_at = max(s["step"] for s in _steps(run_dir)) + 1
+        os.killpg(proc.pid, signal.SIGINT)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode in (-signal.SIGINT, 128 + signal.SIGINT), out[-3000:]
+    assert max(s["step"] for s in _steps(run_dir)) == stuck_at - 1  # the step in progress was dropped
+    assert checkpoint.complete_checkpoints(run_dir) == []  # and no checkpoint written for it
 
 
 def test_a_full_disk_keeps_the_previous_checkpoint_and_the_run_goes_on(tmp_path, cache_dir, tiny_path):
@@ -131,6 +187,31 @@ def test_a_full_disk_keeps_the_previous_checkpoint_and_the_run_goes_on(tmp_path,
         assert [s["step"] for s in _steps(run_dir)] == [1, 2, 3, 4]
     finally:
         subprocess.run(["umount", str(folder)], check=False)
+
+
+def test_a_failed_checkpoint_write_keeps_the_previous_one_and_the_run_goes_on(reference, tmp_path, cache_dir,
+                                                                             tiny_path):
+    """The same promise as the full disk, for any user (no root, no mount): the resumed run may not
+    write a file bigger than RLIMIT_FSIZE, which the checkpoint's weights exceed and nothing else it
+    writes does, so the write of its next checkpoint fails for real (EFBIG), every time."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(reference / "checkpoints" / "step-000004", run_dir / "checkpoints" / "step-000004")
+    limit = (tiny_path / "model.safetensors").stat().st_size * 3 // 4  # the run's curves.png is ~100 kB
+    env = {**os.environ, "RLVR_CACHE": str(cache_dir), "HYDRA_FULL_ERROR": "0",
+           # vLLM's CPU sampler compiles a kernel with g++, whose temporary files exceed the limit too
+           "TORCH_COMPILE_DISABLE": "1"}
+    result = subprocess.run([RLVR, "train", *RESUMED, "trainer.save_model=false", "trainer.keep_last=1",
+                             "trainer.resume=auto", f"hydra.run.dir={run_dir}"], capture_output=True, text=True,
+                            timeout=600, env=env,
+                            preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit)))
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out[-3000:]
+    assert "checkpoint of step 6 failed" in out and "File too large" in out and "step-000004, is intact" in out
+    assert [p.name for p in checkpoint.complete_checkpoints(run_dir)] == ["step-000004"]
+    checkpoint.validate(run_dir / "checkpoints" / "step-000004")
+    assert not [p for p in (run_dir / "checkpoints").iterdir() if p.name.startswith(".")]  # no partial write left
+    assert [s["step"] for s in _steps(run_dir)] == list(range(1, STEPS + 1))
+    assert (run_dir / "summary.json").is_file()  # the run finished
 
 
 def test_nan_updates_are_skipped_then_the_run_stops_with_its_last_checkpoint(tmp_path, cache_dir):
