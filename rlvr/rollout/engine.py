@@ -49,9 +49,12 @@ def check_kv_cache(model_path: Path, cfg: DictConfig, dtype: str, device: str) -
         return
     config = json.loads((model_path / "config.json").read_text())
     config = config.get("text_config", config)
-    heads = config["num_attention_heads"]
-    head_dim = config.get("head_dim") or config["hidden_size"] // heads
-    per_token = 2 * config["num_hidden_layers"] * config.get("num_key_value_heads", heads) * head_dim
+    try:
+        heads = config["num_attention_heads"]
+        head_dim = config.get("head_dim") or config["hidden_size"] // heads
+        per_token = 2 * config["num_hidden_layers"] * config.get("num_key_value_heads", heads) * head_dim
+    except (KeyError, TypeError, ZeroDivisionError):
+        return  # not a config this estimate knows: loading the model will say what it is
     per_token *= 4 if dtype == "float32" else 2  # bytes per value
     need = cfg.max_model_len * per_token / 2**30
     if cfg.kv_cache_gib < need:
