@@ -163,6 +163,7 @@ class TrainerConfig:
     resume: str | None = None
     overwrite: bool = False
     max_bad_steps: int = 3
+    shared_prefix: Any = "auto"
 
 
 @dataclass
@@ -281,6 +282,8 @@ def check(cfg: DictConfig, training: bool = True) -> None:
          "save_every and keep_last must be >= 0")
     need(cfg.trainer.max_bad_steps >= 1, "trainer.max_bad_steps", "must be >= 1")
     need(cfg.trainer.micro_batch_size >= 1, "trainer.micro_batch_size", "must be >= 1")
+    need(cfg.trainer.shared_prefix in ("auto", True, False), "trainer.shared_prefix",
+         f"must be auto, true or false, got {cfg.trainer.shared_prefix!r}")
     need(cfg.model.dtype in DTYPES, "model.dtype", f"must be one of {DTYPES}")
     if training:
         need(r.top_p == 1.0, "rollout.top_p",

@@ -21,6 +21,7 @@ from rlvr.algorithms.losses import (
     token_ratio,
 )
 from rlvr.models import ModelError
+from rlvr.shared_prefix import TESTED, group_starts, shared_prefix_logprobs
 from rlvr.types import Batch, Rollout
 
 log = logging.getLogger(__name__)
@@ -46,6 +47,7 @@ def make_batch(rollouts: list[Rollout], pad_id: int, mask_truncated: bool = Fals
     """Right-padded tensors of prompt + completion for every rollout; advantages are zero until set.
 
     `mask_truncated` drops completions cut at max_tokens out of the loss (DAPO's overlong filtering).
+    Adjacent rollouts with the same prompt form one group (the shared-prefix learner forwards it once).
     """
     seqs = [r.prompt_ids + r.completion_ids for r in rollouts]
     n, t = len(seqs), max(len(s) for s in seqs)
@@ -60,7 +62,19 @@ def make_batch(rollouts: list[Rollout], pad_id: int, mask_truncated: bool = Fals
         if not (mask_truncated and r.finish_reason == "length"):
             loss_mask[i, p - 1 : p - 1 + c] = 1  # target position p-1 scores the first completion token
         old_logprobs[i, p - 1 : p - 1 + c] = torch.tensor(r.sampler_logprobs)
-    return Batch(input_ids, attention_mask, loss_mask, old_logprobs, torch.zeros(n))
+    new_group = [0] + [int(a.prompt_ids != b.prompt_ids) for a, b in zip(rollouts, rollouts[1:], strict=False)]
+    groups = torch.tensor(new_group).cumsum(0)  # [N]
+    return Batch(input_ids, attention_mask, loss_mask, old_logprobs, torch.zeros(n),
+                 torch.tensor([len(r.prompt_ids) for r in rollouts]), groups)
+
+
+def shared_prefix_choice(setting: str | bool, model_type: str, group_size: int) -> tuple[bool, str]:
+    """Whether the learner forwards each group's prompt once (`trainer.shared_prefix`), and why."""
+    if setting is True or setting is False:
+        return setting, "as configured"
+    if model_type not in TESTED:
+        return False, f"not tested on {model_type!r} models (tested: {', '.join(TESTED)})"
+    return True, f"a {model_type} model; each prompt is forwarded once instead of {group_size} times"
 
 
 class Learner:
@@ -93,6 +107,11 @@ class Learner:
         warmup = optim.warmup_steps
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup > 0 else 1.0)
+        self.shared_prefix, why = shared_prefix_choice(trainer.shared_prefix, self.model.config.model_type,
+                                                       algorithm.group_size)
+        log.info("learner: %s, float32; shared-prefix forward %s (trainer.shared_prefix=%s: %s)", device,
+                 "on" if self.shared_prefix else "off", trainer.shared_prefix, why)
+        self.tokens = 0  # tokens through a model this step (see `step`)
 
     @property
     def pad_id(self) -> int:
@@ -113,10 +132,16 @@ class Learner:
         """(logprobs [n, t], loss mask [n, t], width) of a micro-batch, trimmed of all-padding columns."""
         width = int(part.attention_mask.sum(dim=1).max())
         ids, attn = part.input_ids[:, :width].to(self.device), part.attention_mask[:, :width].to(self.device)
+        mask = part.loss_mask[:, : width - 1].to(self.device)
+        if self.shared_prefix:
+            first, _ = group_starts(part.groups)
+            self.tokens += int(part.attention_mask.sum() - part.prompt_lens.sum() + part.prompt_lens[first].sum())
+            return (shared_prefix_logprobs(model, ids, attn, part.prompt_lens.to(self.device),
+                                           part.groups.to(self.device), self.temperature), mask, width)
+        self.tokens += int(part.attention_mask.sum())
         scored = part.loss_mask[:, : width - 1].any(dim=0).nonzero()  # positions whose logprob anything uses
         start = int(scored[0]) if len(scored) else width - 2
-        return (token_logprobs(model, ids, attn, self.temperature, start), part.loss_mask[:, : width - 1].to(self.device),
-                width)
+        return token_logprobs(model, ids, attn, self.temperature, start), mask, width
 
     @torch.no_grad()
     def batch_logprobs(self, batch: Batch, reference: bool = False) -> torch.Tensor:
@@ -137,6 +162,7 @@ class Learner:
         logprobs before the update, and each token is weighted by min(learner_old / sampler, tis_cap).
         """
         a = self.algo
+        self.tokens = 0
         anchor, tis = batch.old_logprobs, None
         if a.tis_cap is not None:
             anchor = self.batch_logprobs(batch)
@@ -166,6 +192,7 @@ class Learner:
             "learn/sequences": sum(s["sequences"] for s in stats),
             "learn/optimizer_steps": float(len(stats)),
             "learn/skipped_updates": sum(s["skipped"] for s in stats),
+            "learn/tokens": float(self.tokens),
         }
         if gap is not None and tokens:
             out["mismatch/logprob_abs_mean"], out["mismatch/logprob_abs_max"] = float(gap.sum()) / tokens, float(gap.max())

@@ -224,7 +224,8 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, float]:
     prepare_run_dir(run_dir, resume, cfg.trainer.overwrite, auto_resume=cfg.trainer.resume == "auto")
 
     logger = Logger(run_dir, cfg, cfg.trainer.max_steps)
-    logger.write_manifest({**manifest(cfg, model_path, device), "resumed_from": str(resume) if resume else None})
+    logger.write_manifest({**manifest(cfg, model_path, device), "resumed_from": str(resume) if resume else None,
+                           "shared_prefix": learner.shared_prefix})
     start = checkpoint.load_state(resume, learner, task, rewards) if resume else 0
     engine = RolloutEngine(policy_path, cfg.rollout, cfg.model.dtype, cfg.seed, device, Path(cfg.cache_dir))
     # A fixed sequence whose logprobs engine and learner must agree on after every sync.

@@ -5,7 +5,7 @@ Prompt (task) -> Rollout (engine) -> scored Rollout (rewards) -> Batch (learner)
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # not imported at run time: reward worker processes unpickle Prompts cheaply
@@ -46,10 +46,11 @@ class Batch:
     loss_mask: torch.Tensor  # [N, T-1] 1 where the target token is a completion token
     old_logprobs: torch.Tensor  # [N, T-1] sampler logprobs of the targets (0 off the mask)
     advantages: torch.Tensor  # [N]
+    prompt_lens: torch.Tensor  # [N] prompt tokens at the start of each row
+    groups: torch.Tensor  # [N] rows of one group are adjacent, share their prompt, and carry one id
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
 
     def select(self, rows: torch.Tensor | slice) -> Batch:
-        return Batch(*(t[rows] for t in (self.input_ids, self.attention_mask, self.loss_mask,
-                                          self.old_logprobs, self.advantages)))
+        return Batch(*(getattr(self, f.name)[rows] for f in fields(self)))

