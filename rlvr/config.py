@@ -20,13 +20,13 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig
 
 from rlvr.errors import RlvrError
+from rlvr.precision import ENGINE_DTYPES, PRECISIONS
 
 
 @dataclass
 class ModelConfig:
     path: str = MISSING
     build: str | None = None
-    dtype: str = "float32"
 
 
 @dataclass
@@ -136,7 +136,8 @@ class RolloutConfig:
     kv_cache_gib: float = 1.0
     gpu_memory_utilization: float = 0.3
     max_model_len: int = 1024
-    canary_tol: float = 1e-3
+    canary_tol: float | None = None
+    dtype: str = "auto"
 
 
 @dataclass
@@ -164,6 +165,7 @@ class TrainerConfig:
     overwrite: bool = False
     max_bad_steps: int = 3
     shared_prefix: Any = "auto"
+    precision: str = "fp32"
 
 
 @dataclass
@@ -225,7 +227,6 @@ LOSS_AGGS = ("token_mean", "seq_mean_token_mean", "token_sum_norm")
 KL_ESTIMATORS = ("k1", "k2", "k3")
 RATIOS = ("token", "sequence")
 OVERLONG = ("none", "mask", "soft")
-DTYPES = ("float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
 COMBINE = ("sum_then_normalise", "normalise_then_sum")
 
@@ -284,14 +285,16 @@ def check(cfg: DictConfig, training: bool = True) -> None:
     need(cfg.trainer.micro_batch_size >= 1, "trainer.micro_batch_size", "must be >= 1")
     need(cfg.trainer.shared_prefix in ("auto", True, False), "trainer.shared_prefix",
          f"must be auto, true or false, got {cfg.trainer.shared_prefix!r}")
-    need(cfg.model.dtype in DTYPES, "model.dtype", f"must be one of {DTYPES}")
+    need(not cfg.trainer.precision.startswith(("fp16", "16", "float16")), "trainer.precision",
+         f"{cfg.trainer.precision!r} is refused: CPUs have no fast fp16 matmul and fp16 training needs loss scaling, "
+         "which rlvr does not do; use bf16-mixed (or auto)")
+    need(cfg.trainer.precision in PRECISIONS, "trainer.precision", f"must be one of {PRECISIONS}")
+    need(r.dtype in ENGINE_DTYPES, "rollout.dtype", f"must be one of {ENGINE_DTYPES}, got {r.dtype!r}")
+    need(r.canary_tol is None or r.canary_tol > 0, "rollout.canary_tol", "must be > 0 (or null: per precision)")
     if training:
         need(r.top_p == 1.0, "rollout.top_p",
              f"must be 1.0 in training, got {r.top_p}: vLLM reports logprobs renormalised over the nucleus while "
              "the learner scores the full softmax, so every ratio would be biased (rlvr eval may use top_p < 1)")
-        need(cfg.model.dtype == "float32", "model.dtype",
-             f"training in {cfg.model.dtype} is refused: AdamW on {cfg.model.dtype} weights without a float32 master "
-             "copy barely moves them (mixed precision is not built yet); use float32 (rlvr eval may serve bf16)")
     need(cfg.trainer.device in DEVICES, "trainer.device", f"must be one of {DEVICES}")
     need(cfg.optim.lr > 0, "optim.lr", "must be > 0")
     need(len(cfg.optim.betas) == 2, "optim.betas", "must hold two numbers")

@@ -15,6 +15,7 @@ from rich.table import Table
 from rlvr import models
 from rlvr.config import check
 from rlvr.data import build_task
+from rlvr.precision import resolve as resolve_precision
 from rlvr.prompts import PromptFit, render
 from rlvr.rewards import Rewards
 from rlvr.types import Prompt, Rollout
@@ -96,10 +97,11 @@ def run_eval(cfg: DictConfig, run_dir: Path) -> dict[str, float]:
     model_path = models.resolve(cfg.model, Path(cfg.cache_dir))
     task = build_task(cfg, model_path)
     device = pick_device(cfg.trainer.device)
+    precision = resolve_precision(cfg.trainer.precision, cfg.rollout.dtype, cfg.rollout.canary_tol, device)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     prompts, _ = PromptFit(tokenizer, cfg.rollout.max_model_len, cfg.rollout.max_tokens).eval_prompts(task.eval_prompts())
     start = time.perf_counter()
-    engine = RolloutEngine(model_path, cfg.rollout, cfg.model.dtype, cfg.seed, device, Path(cfg.cache_dir))
+    engine = RolloutEngine(model_path, cfg.rollout, precision.engine_dtype, cfg.seed, device, Path(cfg.cache_dir))
     try:
         metrics, greedy_rollouts = greedy(engine, tokenizer, prompts, rewards)
         sampled_rollouts: list[Rollout] = []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 from collections.abc import Iterator
@@ -21,6 +22,7 @@ from rlvr.algorithms.losses import (
     token_ratio,
 )
 from rlvr.models import ModelError
+from rlvr.precision import Precision
 from rlvr.shared_prefix import TESTED, group_starts, shared_prefix_logprobs
 from rlvr.types import Batch, Rollout
 
@@ -78,15 +80,16 @@ def shared_prefix_choice(setting: str | bool, model_type: str, group_size: int) 
 
 
 class Learner:
-    """A transformers causal LM trained with AdamW; a frozen copy serves as the KL reference when used."""
+    """A transformers causal LM trained with AdamW on float32 master weights (computing in bf16 under
+    `precision` bf16-mixed); a frozen copy serves as the KL reference when used."""
 
-    def __init__(self, model_path: Path, model_cfg: DictConfig, optim: DictConfig, algorithm: DictConfig,
-                 trainer: DictConfig, temperature: float, max_tokens: int, device: str,
+    def __init__(self, model_path: Path, optim: DictConfig, algorithm: DictConfig, trainer: DictConfig,
+                 temperature: float, max_tokens: int, device: str, precision: Precision | None = None,
                  reference_path: Path | None = None):
         """`model_path`: the policy to train (a resumed run's checkpoint); `reference_path`: the initial
-        model a KL term is measured against (default: `model_path`)."""
+        model a KL term is measured against (default: `model_path`); `precision`: fp32 when None."""
         try:
-            self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, model_cfg.dtype))
+            self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
         except (OSError, ValueError) as e:
             raise ModelError(f"model.path={str(model_path)!r} cannot be loaded as a causal LM: {e}") from e
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
@@ -99,8 +102,7 @@ class Learner:
         self.temperature, self.max_tokens = temperature, max_tokens
         self.ref = None
         if algorithm.kl.coef > 0 or algorithm.kl.reward_coef > 0:  # only built when used
-            self.ref = AutoModelForCausalLM.from_pretrained(reference_path or model_path,
-                                                            dtype=getattr(torch, model_cfg.dtype))
+            self.ref = AutoModelForCausalLM.from_pretrained(reference_path or model_path, dtype=torch.float32)
             self.ref.to(device).eval().requires_grad_(False)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=optim.lr, betas=tuple(optim.betas),
                                            weight_decay=optim.weight_decay)
@@ -109,8 +111,14 @@ class Learner:
             self.optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup > 0 else 1.0)
         self.shared_prefix, why = shared_prefix_choice(trainer.shared_prefix, self.model.config.model_type,
                                                        algorithm.group_size)
-        log.info("learner: %s, float32; shared-prefix forward %s (trainer.shared_prefix=%s: %s)", device,
-                 "on" if self.shared_prefix else "off", trainer.shared_prefix, why)
+        self.bf16 = precision is not None and precision.bf16
+        # The sampler/learner mismatch is larger in bf16: there the old policy defaults to the learner's
+        # own logprobs, with TIS weights capped at 2, unless algorithm.tis_cap says otherwise.
+        self.tis_cap = algorithm.tis_cap if algorithm.tis_cap is not None or not self.bf16 else 2.0
+        log.info("learner: %s, %s (float32 master weights); shared-prefix forward %s (trainer.shared_prefix=%s: "
+                 "%s)%s", device, "bf16-mixed" if self.bf16 else "fp32", "on" if self.shared_prefix else "off",
+                 trainer.shared_prefix, why,
+                 "; TIS cap 2.0 for the bf16 mismatch" if self.tis_cap != algorithm.tis_cap else "")
         self.tokens = 0  # tokens through a model this step (see `step`)
 
     @property
@@ -118,30 +126,39 @@ class Learner:
         tok = self.tokenizer
         return tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
 
-    def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """The policy's weights, by the names of its Hugging Face checkpoint (what vLLM loads)."""
-        return ((name, p.detach()) for name, p in self.model.state_dict().items())
+    def named_weights(self, dtype: torch.dtype = torch.float32) -> Iterator[tuple[str, torch.Tensor]]:
+        """The policy's weights, by the names of its Hugging Face checkpoint (what vLLM loads), as copies
+        in `dtype` (the engine's) or the float32 masters themselves."""
+        return ((name, p.detach().to(dtype)) for name, p in self.model.state_dict().items())
+
+    def autocast(self):
+        """bf16 autocast for a forward (and its backward) under bf16-mixed; nothing under fp32."""
+        if not self.bf16:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=torch.device(self.device).type, dtype=torch.bfloat16)
 
     @torch.no_grad()
     def sequence_logprobs(self, token_ids: list[int]) -> torch.Tensor:
         """Logprobs [len - 1] of tokens 1.. of one sequence at temperature 1 (for the canary)."""
         ids = torch.tensor([token_ids], device=self.device)
-        return token_logprobs(self.model, ids, torch.ones_like(ids))[0]
+        with self.autocast():
+            return token_logprobs(self.model, ids, torch.ones_like(ids))[0]
 
     def _forward(self, model: torch.nn.Module, part: Batch) -> tuple[torch.Tensor, torch.Tensor, int]:
         """(logprobs [n, t], loss mask [n, t], width) of a micro-batch, trimmed of all-padding columns."""
         width = int(part.attention_mask.sum(dim=1).max())
         ids, attn = part.input_ids[:, :width].to(self.device), part.attention_mask[:, :width].to(self.device)
         mask = part.loss_mask[:, : width - 1].to(self.device)
-        if self.shared_prefix:
-            first, _ = group_starts(part.groups)
-            self.tokens += int(part.attention_mask.sum() - part.prompt_lens.sum() + part.prompt_lens[first].sum())
-            return (shared_prefix_logprobs(model, ids, attn, part.prompt_lens.to(self.device),
-                                           part.groups.to(self.device), self.temperature), mask, width)
-        self.tokens += int(part.attention_mask.sum())
-        scored = part.loss_mask[:, : width - 1].any(dim=0).nonzero()  # positions whose logprob anything uses
-        start = int(scored[0]) if len(scored) else width - 2
-        return token_logprobs(model, ids, attn, self.temperature, start), mask, width
+        with self.autocast():  # the logprobs themselves are float32 (from .float() logits)
+            if self.shared_prefix:
+                first, _ = group_starts(part.groups)
+                self.tokens += int(part.attention_mask.sum() - part.prompt_lens.sum() + part.prompt_lens[first].sum())
+                return (shared_prefix_logprobs(model, ids, attn, part.prompt_lens.to(self.device),
+                                               part.groups.to(self.device), self.temperature), mask, width)
+            self.tokens += int(part.attention_mask.sum())
+            scored = part.loss_mask[:, : width - 1].any(dim=0).nonzero()  # positions whose logprob anything uses
+            start = int(scored[0]) if len(scored) else width - 2
+            return token_logprobs(model, ids, attn, self.temperature, start), mask, width
 
     @torch.no_grad()
     def batch_logprobs(self, batch: Batch, reference: bool = False) -> torch.Tensor:
@@ -164,9 +181,9 @@ class Learner:
         a = self.algo
         self.tokens = 0
         anchor, tis = batch.old_logprobs, None
-        if a.tis_cap is not None:
+        if self.tis_cap is not None:
             anchor = self.batch_logprobs(batch)
-            tis = tis_weight(anchor, batch.old_logprobs, batch.loss_mask, a.tis_cap)
+            tis = tis_weight(anchor, batch.old_logprobs, batch.loss_mask, self.tis_cap)
         # The frozen reference's logprobs do not change over epochs: one forward for the whole batch.
         ref = self.batch_logprobs(batch, reference=True) if a.kl.coef > 0 else None
         stats: list[dict[str, float]] = []

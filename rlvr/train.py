@@ -43,6 +43,7 @@ from rlvr.evaluate import greedy, sample_record, summarise
 from rlvr.learner import Learner, make_batch
 from rlvr.logging import Logger, manifest
 from rlvr.plot import plot
+from rlvr.precision import resolve as resolve_precision
 from rlvr.prompts import PromptFit
 from rlvr.rewards import Rewards
 from rlvr.rollout.engine import RolloutEngine, canary_sequence, check_canary, check_kv_cache
@@ -204,7 +205,10 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, float]:
     model_path = models.resolve(cfg.model, Path(cfg.cache_dir))
     task = build_task(cfg, model_path)
     device = pick_device(cfg.trainer.device)
-    check_kv_cache(model_path, cfg.rollout, cfg.model.dtype, device)
+    precision = resolve_precision(cfg.trainer.precision, cfg.rollout.dtype, cfg.rollout.canary_tol, device)
+    log.info("precision: learner %s, engine %s, canary tolerance %g (%s)", precision.learner,
+             precision.engine_dtype, precision.canary_tol, precision.why)
+    check_kv_cache(model_path, cfg.rollout, precision.engine_dtype, device)
     if cfg.trainer.num_threads is not None:  # before the engine starts: vLLM pins its threads
         torch.set_num_threads(cfg.trainer.num_threads)
     random.seed(cfg.seed)
@@ -212,8 +216,8 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, float]:
     torch.manual_seed(cfg.seed)
     resume = checkpoint.find(cfg.trainer.resume, run_dir)
     policy_path = resume / "model" if resume else model_path  # a resumed run starts from the checkpoint
-    learner = Learner(policy_path, cfg.model, cfg.optim, cfg.algorithm, cfg.trainer,
-                      cfg.rollout.temperature, cfg.rollout.max_tokens, device, reference_path=model_path)
+    learner = Learner(policy_path, cfg.optim, cfg.algorithm, cfg.trainer, cfg.rollout.temperature,
+                      cfg.rollout.max_tokens, device, precision, reference_path=model_path)
     tok = learner.tokenizer
     # Every prompt is checked against the engine's context before the engine starts.
     fit = PromptFit(tok, cfg.rollout.max_model_len, cfg.rollout.max_tokens)
@@ -225,9 +229,12 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, float]:
 
     logger = Logger(run_dir, cfg, cfg.trainer.max_steps)
     logger.write_manifest({**manifest(cfg, model_path, device), "resumed_from": str(resume) if resume else None,
-                           "shared_prefix": learner.shared_prefix})
+                           "shared_prefix": learner.shared_prefix,
+                           "precision": {"learner": precision.learner, "engine_dtype": precision.engine_dtype,
+                                         "canary_tol": precision.canary_tol, "why": precision.why}})
     start = checkpoint.load_state(resume, learner, task, rewards) if resume else 0
-    engine = RolloutEngine(policy_path, cfg.rollout, cfg.model.dtype, cfg.seed, device, Path(cfg.cache_dir))
+    engine = RolloutEngine(policy_path, cfg.rollout, precision.engine_dtype, cfg.seed, device, Path(cfg.cache_dir))
+    engine_dtype = getattr(torch, precision.engine_dtype)
     # A fixed sequence whose logprobs engine and learner must agree on after every sync.
     canary = canary_sequence(min(eval_ids, key=len), tok(CANARY_ANSWER, add_special_tokens=False).input_ids,
                              engine.block_size(), cfg.rollout.max_model_len)
@@ -248,7 +255,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, float]:
 
     stop = GracefulStop()
     try:
-        check_canary(engine, learner.sequence_logprobs, canary, cfg.rollout.canary_tol)
+        check_canary(engine, learner.sequence_logprobs, canary, precision.canary_tol)
         if start == 0:
             first_eval = greedy(engine, tok, eval_prompts, rewards)[0]
             logger.log(0, first_eval)
@@ -277,9 +284,9 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, float]:
 
             # 6. new weights into the engine, then prove it serves them
             t0 = time.perf_counter()
-            engine.load_weights(learner.named_weights())
+            engine.load_weights(learner.named_weights(engine_dtype))
             t_sync = time.perf_counter() - t0
-            canary_diff = check_canary(engine, learner.sequence_logprobs, canary, cfg.rollout.canary_tol)
+            canary_diff = check_canary(engine, learner.sequence_logprobs, canary, precision.canary_tol)
 
             # 7. log: reward and accuracy of the first round, an unfiltered sample of the policy
             metrics = summarise(c.first_round, rewards)
@@ -306,9 +313,9 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, float]:
             logger.log(step, metrics)
             if metrics["groups/zero_adv_frac"] == 1.0 and not cfg.algorithm.dynamic_sampling.enabled:
                 log.warning("step %d: every group's rewards were all equal: no learning signal this step", step)
-            if canary_diff > 0.1 * cfg.rollout.canary_tol:
-                log.warning("step %d: engine/learner canary difference %.2g is above a tenth of rollout.canary_tol=%g",
-                            step, canary_diff, cfg.rollout.canary_tol)
+            if canary_diff > 0.1 * precision.canary_tol:
+                log.warning("step %d: engine/learner canary difference %.2g is above a tenth of the canary tolerance "
+                            "%g (rollout.canary_tol)", step, canary_diff, precision.canary_tol)
             if cfg.trainer.eval_every and step % cfg.trainer.eval_every == 0 and step < cfg.trainer.max_steps:
                 logger.log(step, greedy(engine, tok, eval_prompts, rewards)[0])
             if cfg.trainer.log_samples:

@@ -52,7 +52,7 @@ def generate(experiment: str, overrides: list[str], out: Path) -> None:
 
     tok = AutoTokenizer.from_pretrained(path)
     prompts = task.sample(cfg.data.batch_size)
-    engine = RolloutEngine(path, cfg.rollout, cfg.model.dtype, cfg.seed, "cpu", Path(cfg.cache_dir))
+    engine = RolloutEngine(path, cfg.rollout, "float32", cfg.seed, "cpu", Path(cfg.cache_dir))
     try:
         rollouts = engine.generate(prompts, [render(tok, p) for p in prompts], n=cfg.algorithm.group_size, seed=1)
     finally:
@@ -72,7 +72,7 @@ def learn(experiment: str, overrides: list[str], batch_file: Path, shared: bool,
 
     cfg = config(experiment, [*overrides, f"trainer.shared_prefix={str(shared).lower()}"])
     path = models.resolve(cfg.model, Path(cfg.cache_dir))
-    learner = Learner(path, cfg.model, cfg.optim, cfg.algorithm, cfg.trainer, cfg.rollout.temperature,
+    learner = Learner(path, cfg.optim, cfg.algorithm, cfg.trainer, cfg.rollout.temperature,
                       cfg.rollout.max_tokens, "cpu")
     batch = Batch(**torch.load(batch_file))
     logprobs = learner.batch_logprobs(batch)

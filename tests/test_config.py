@@ -65,7 +65,9 @@ def test_overrides_from_the_contract_apply():
     # the correctness audit: each of these trains on something other than what it says
     ("algorithm.kl.coef=0.1 algorithm.kl.estimator=k1", "algorithm.kl.estimator: k1 in the loss"),
     ("rollout.top_p=0.9", "rollout.top_p: must be 1.0 in training"),
-    ("model.dtype=bfloat16", "model.dtype: training in bfloat16 is refused"),
+    ("trainer.precision=fp16-mixed", "trainer.precision: 'fp16-mixed' is refused"),
+    ("trainer.precision=bf16", "trainer.precision: must be one of"),
+    ("rollout.dtype=float16", "rollout.dtype: must be one of"),
     ("trainer.max_steps=0", "trainer.max_steps: must be >= 1"),
     # a bad value is named by its own key, not by another check that happens to trip over it
     ("data.batch_size=0", "data.batch_size: must be >= 1"),
@@ -75,8 +77,8 @@ def test_nonsense_values_are_rejected_with_the_key(override, key):
         check(compose_config(override.split()))
 
 
-@pytest.mark.parametrize("override", ["rollout.top_p=0.9", "model.dtype=bfloat16"])
-def test_eval_may_sample_with_top_p_and_serve_bf16(override):
+@pytest.mark.parametrize("override", ["rollout.top_p=0.9"])
+def test_eval_may_sample_with_top_p(override):
     check(compose_config(override.split()), training=False)
 
 

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from rlvr.learner import Learner, make_batch, token_logprobs
+from rlvr.precision import CANARY_TOL
 from rlvr.prompts import render
 from rlvr.rollout.engine import EngineError, RolloutEngine, WeightSyncError, canary_sequence, check_canary
 from rlvr.types import Prompt
@@ -21,9 +22,9 @@ PROMPTS = [Prompt(messages=[{"role": "user", "content": f"What is {a} * 7?"}], a
 def parts(cache_dir, tiny_path):
     cfg = compose_config(["model=tiny", "optim.lr=1e-2", "rollout.temperature=0.7", "rollout.max_tokens=16"],
                          cache_dir)
-    learner = Learner(tiny_path, cfg.model, cfg.optim, cfg.algorithm, cfg.trainer, cfg.rollout.temperature,
+    learner = Learner(tiny_path, cfg.optim, cfg.algorithm, cfg.trainer, cfg.rollout.temperature,
                       cfg.rollout.max_tokens, "cpu")
-    engine = RolloutEngine(tiny_path, cfg.rollout, cfg.model.dtype, seed=0, device="cpu", cache_dir=cache_dir)
+    engine = RolloutEngine(tiny_path, cfg.rollout, "float32", seed=0, device="cpu", cache_dir=cache_dir)
     yield cfg, learner, engine
     engine.close()
 
@@ -65,7 +66,7 @@ def test_sampler_logprobs_match_the_learner_at_the_sampling_temperature(parts):
 def test_sync_serves_new_weights_and_a_skipped_sync_is_caught(parts):
     cfg, learner, engine = parts
     canary = canary_sequence(render(learner.tokenizer, PROMPTS[0]), [5, 6, 7, 8], engine.block_size(), 1024)
-    tol = cfg.rollout.canary_tol
+    tol = CANARY_TOL["float32"]
     assert check_canary(engine, learner.sequence_logprobs, canary, tol) <= tol
 
     # Two real updates (non-zero advantages), each followed by a sync: the engine keeps up.
@@ -95,7 +96,7 @@ def test_a_stale_prefix_cache_is_caught(parts):
     cfg, learner, engine = parts
     canary = canary_sequence(render(learner.tokenizer, PROMPTS[1]), [9, 10], engine.block_size(), 1024)
     assert len(canary) > engine.block_size()  # at least one whole block is cached
-    tol = cfg.rollout.canary_tol
+    tol = CANARY_TOL["float32"]
     engine.load_weights(learner.named_weights())
     assert check_canary(engine, learner.sequence_logprobs, canary, tol) <= tol  # caches the canary's KV
     learner.step(_batch(learner, _generate(learner, engine, seed=7)))

@@ -15,7 +15,7 @@ from .conftest import compose_config
 
 def _learner(cache_dir, tiny_path, *overrides) -> Learner:
     cfg = compose_config(["model=tiny", "optim.lr=1e-2", "rollout.max_tokens=12", *overrides], cache_dir)
-    return Learner(tiny_path, cfg.model, cfg.optim, cfg.algorithm, cfg.trainer, cfg.rollout.temperature,
+    return Learner(tiny_path, cfg.optim, cfg.algorithm, cfg.trainer, cfg.rollout.temperature,
                    cfg.rollout.max_tokens, "cpu")
 
 

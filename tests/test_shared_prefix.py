@@ -30,7 +30,7 @@ def smollm2_path(cache_dir):
 def _learner(cache_dir, path, shared: bool, *overrides) -> Learner:
     cfg = compose_config(["model=tiny", "optim.lr=1e-2", "rollout.max_tokens=12", "algorithm.group_size=4",
                           f"trainer.shared_prefix={str(shared).lower()}", *overrides], cache_dir)
-    return Learner(path, cfg.model, cfg.optim, cfg.algorithm, cfg.trainer, cfg.rollout.temperature,
+    return Learner(path, cfg.optim, cfg.algorithm, cfg.trainer, cfg.rollout.temperature,
                    cfg.rollout.max_tokens, "cpu")
 
 

@@ -40,7 +40,7 @@ def _no_load(self, named_tensors):
 def test_a_sabotaged_sync_stops_the_run_with_the_canary_message(tmp_path, cache_dir, monkeypatch, sabotage):
     monkeypatch.setattr(RolloutEngine, "load_weights", sabotage)
     cfg = compose_config([*SMALL, "reward=digits", "optim.lr=1e-2", "trainer.max_steps=3"], cache_dir)
-    with pytest.raises(WeightSyncError, match=r"canary sequence differ from the learner.s by .* \(> rollout.canary_tol"):
+    with pytest.raises(WeightSyncError, match=r"canary sequence differ from the learner.s by .* \(> the canary tolerance 0.001"):
         train(cfg, tmp_path / "run")
     steps = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [s["step"] for s in steps] == [0]  # stopped at step 1's check: nothing of step 1 was logged
@@ -52,7 +52,7 @@ def test_dynamic_sampling_keeps_groups_by_their_shaped_scores(cache_dir, tiny_pa
     cfg = compose_config([*SMALL, "algorithm=dapo", "algorithm.dynamic_sampling.max_rounds=1", "algorithm.overlong.mode=none",
                           "reward=first_digit", "reward.terms.first_digit.kwargs.prefix=[QQQ]"], cache_dir)
     rewards = Rewards(cfg.reward)
-    learner = Learner(tiny_path, cfg.model, cfg.optim, cfg.algorithm, cfg.trainer, cfg.rollout.temperature,
+    learner = Learner(tiny_path, cfg.optim, cfg.algorithm, cfg.trainer, cfg.rollout.temperature,
                       cfg.rollout.max_tokens, "cpu")
     from rlvr.data import build_task
 

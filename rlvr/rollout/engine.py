@@ -241,7 +241,8 @@ def check_canary(engine: RolloutEngine, score: Callable[[list[int]], torch.Tenso
     if not diff <= tol:  # also catches NaN
         raise WeightSyncError(
             f"after the weight sync the engine's logprobs of the canary sequence differ from the learner's "
-            f"by {diff:.3g} (> rollout.canary_tol={tol:g}): the engine is not serving the learner's weights."
+            f"by {diff:.3g} (> the canary tolerance {tol:g}, rollout.canary_tol): the engine is not serving the "
+            "learner's weights."
         )
     return diff
 

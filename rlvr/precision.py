@@ -1,0 +1,77 @@
+"""Which precision the learner computes in and which dtype the engine serves, and why.
+
+Master weights and optimizer state are always float32. `trainer.precision`:
+- `fp32`: everything in float32.
+- `bf16-mixed`: the learner's forward and backward run under bf16 autocast (matmuls in bf16, the
+  float32 master weights cast per op); logprobs and the loss are computed in float32 from the logits.
+- `auto`: bf16-mixed on CUDA and on CPUs whose flags show `avx512_bf16` or `amx_bf16` (a bf16
+  matmul there runs 3-5x faster than float32), fp32 elsewhere (without those units bf16 is emulated
+  and slower than float32).
+
+The default is fp32, not auto, while the weight-sync canary cannot tell one missed sync from the
+honest engine/learner difference in bf16 (see CANARY_TOL).
+
+`rollout.dtype` (`auto`: bfloat16 with bf16-mixed, else float32) is the dtype of the engine's weights:
+each sync sends it copies of the master weights in that dtype. fp16 is refused: CPUs have no fast
+fp16 matmul, and fp16 training needs loss scaling, which rlvr does not do.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger("rlvr")
+
+PRECISIONS = ("auto", "fp32", "bf16-mixed")
+ENGINE_DTYPES = ("auto", "float32", "bfloat16")
+BF16_FLAGS = ("avx512_bf16", "amx_bf16")
+# Canary tolerance per engine dtype when rollout.canary_tol is null, between the honest difference and
+# the difference after one missed sync, as measured by scripts/canary_tolerance.py (README, Mixed
+# precision). float32: honest <= 6e-5, missed >= 0.19 on SmolLM2. bfloat16: honest up to 0.44, missed
+# from 0.33 on SmolLM2 -- they overlap, so 1.0 stops a grossly stale engine but not one missed sync.
+CANARY_TOL = {"float32": 1e-3, "bfloat16": 1.0}
+
+
+def cpu_bf16_flags() -> list[str]:
+    """The bf16 units this CPU's flags show (Linux /proc/cpuinfo; empty elsewhere)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return []
+    flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), [])
+    return [f for f in BF16_FLAGS if f in flags]
+
+
+@dataclass(frozen=True)
+class Precision:
+    learner: str  # "fp32" | "bf16-mixed"
+    engine_dtype: str  # "float32" | "bfloat16"
+    canary_tol: float
+    why: str
+
+    @property
+    def bf16(self) -> bool:
+        return self.learner == "bf16-mixed"
+
+
+def resolve(precision: str, engine_dtype: str, canary_tol: float | None, device: str) -> Precision:
+    """The precision of a run on `device` from `trainer.precision`, `rollout.dtype` and
+    `rollout.canary_tol` (null: the measured tolerance of the engine's dtype)."""
+    flags = cpu_bf16_flags() if device == "cpu" else []
+    if precision == "auto":
+        if device == "cuda":
+            learner, why = "bf16-mixed", "auto: CUDA"
+        elif device == "cpu" and flags:
+            learner, why = "bf16-mixed", f"auto: this CPU has {' and '.join(flags)}"
+        else:
+            learner, why = "fp32", f"auto: this {device.upper()} shows no bf16 unit ({' / '.join(BF16_FLAGS)})"
+    else:
+        learner, why = precision, f"trainer.precision={precision}"
+        if precision == "bf16-mixed" and device == "cpu" and not flags:
+            log.warning("trainer.precision=bf16-mixed on a CPU without %s: bf16 is emulated here and will be "
+                        "slower than fp32", " or ".join(BF16_FLAGS))
+    dtype = engine_dtype if engine_dtype != "auto" else ("bfloat16" if learner == "bf16-mixed" else "float32")
+    tol = canary_tol if canary_tol is not None else CANARY_TOL[dtype]
+    return Precision(learner, dtype, tol, why)
