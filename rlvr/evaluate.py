@@ -15,6 +15,7 @@ from rich.table import Table
 from rlvr import models
 from rlvr.config import check
 from rlvr.data import build_task
+from rlvr.precision import pick_device
 from rlvr.precision import resolve as resolve_precision
 from rlvr.prompts import PromptFit, render
 from rlvr.rewards import Rewards
@@ -90,7 +91,6 @@ def run_eval(cfg: DictConfig, run_dir: Path) -> dict[str, float]:
     from transformers import AutoTokenizer
 
     from rlvr.rollout.engine import RolloutEngine
-    from rlvr.train import pick_device
 
     check(cfg, training=False)
     rewards = Rewards(cfg.reward)

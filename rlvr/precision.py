@@ -22,6 +22,8 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+from rlvr.errors import RlvrError
+
 log = logging.getLogger("rlvr")
 
 PRECISIONS = ("auto", "fp32", "bf16-mixed")
@@ -42,6 +44,22 @@ def cpu_bf16_flags() -> list[str]:
         return []
     flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), [])
     return [f for f in BF16_FLAGS if f in flags]
+
+
+class DeviceError(RlvrError, RuntimeError):
+    """The configured device is not there; the message names the key."""
+
+
+def pick_device(name: str) -> str:
+    """The device of `trainer.device`: auto is cuda when torch sees a GPU, else cpu."""
+    import torch  # here, not at import: rlvr.config reads this module before anything heavy loads
+
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda" and not torch.cuda.is_available():
+        raise DeviceError("trainer.device=cuda, but torch sees no GPU (is the CPU build of torch installed?); "
+                          "use trainer.device=cpu or auto")
+    return name
 
 
 @dataclass(frozen=True)

@@ -43,6 +43,7 @@ from rlvr.evaluate import greedy, sample_record, summarise
 from rlvr.learner import Learner, make_batch
 from rlvr.logging import Logger, manifest
 from rlvr.plot import plot
+from rlvr.precision import pick_device
 from rlvr.precision import resolve as resolve_precision
 from rlvr.prompts import PromptFit
 from rlvr.rewards import Rewards
@@ -100,14 +101,6 @@ def prepare_run_dir(run_dir: Path, resume: Path | None, overwrite: bool, auto_re
         for name in ("metrics.jsonl", "samples.jsonl", "summary.json", "curves.png"):
             (run_dir / name).unlink(missing_ok=True)
         shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)  # resume=auto must not find the old run's
-
-
-def pick_device(name: str) -> str:
-    if name == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if name == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("trainer.device=cuda but torch sees no GPU (is the CPU build of torch installed?)")
-    return name
 
 
 @dataclass

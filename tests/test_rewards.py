@@ -15,7 +15,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from rlvr.config import RewardConfig
-from rlvr.rewards import RewardError, Rewards, answer, combine, equivalence, structured, text
+from rlvr.rewards import RewardError, Rewards, answer, combine, equivalence, structured, tags, text
 from rlvr.types import Prompt, Rollout
 
 from .conftest import REPO
@@ -23,7 +23,7 @@ from .conftest import REPO
 P = Prompt(messages=[], answer="1932")
 
 
-@pytest.mark.parametrize("module", [answer, text, equivalence, structured])
+@pytest.mark.parametrize("module", [answer, tags, text, equivalence, structured])
 def test_doctests(module):
     result = doctest.testmod(module)
     assert result.attempted > 0 and result.failed == 0

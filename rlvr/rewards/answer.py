@@ -17,25 +17,13 @@ import math
 import re
 import string
 
+from rlvr.rewards.structured import parse_call
+from rlvr.rewards.tags import answer_tag
 from rlvr.types import Prompt
 
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 _NUMBER = re.compile(r"-?[0-9][0-9,]*(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?|-?\.[0-9]+")
 EXTRACTORS = ("answer", "boxed", "last_number", "auto", "full")
-
-
-def answer_tag(completion: str) -> str | None:
-    """The content of the last <answer>…</answer>, stripped; for nested tags, the innermost.
-
-    >>> answer_tag("so <answer> 42 </answer>"), answer_tag("<answer><answer>7</answer></answer>")
-    ('42', '7')
-    >>> answer_tag("<answer>1</answer> no, <answer>2</answer>"), answer_tag("<answer>5"), answer_tag("")
-    ('2', None, None)
-    """
-    start = completion.rfind("<answer>", 0, max(completion.rfind("</answer>"), 0))
-    if start < 0:
-        return None
-    return completion[start + len("<answer>") : completion.index("</answer>", start)].strip()
 
 
 def boxed(completion: str) -> str | None:
@@ -177,8 +165,6 @@ def correct(completion: str, prompt: Prompt, fallback_last_number: bool = True) 
 
 
 def _is_call(text: str) -> bool:
-    from rlvr.rewards.structured import parse_call  # structured imports this module
-
     return parse_call(text) is not None
 
 

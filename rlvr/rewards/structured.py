@@ -10,7 +10,7 @@ import json
 import math
 import re
 
-from rlvr.rewards.answer import answer_tag
+from rlvr.rewards.tags import answer_tag
 from rlvr.types import Prompt
 
 _FENCE = re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.DOTALL)
