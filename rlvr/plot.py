@@ -3,7 +3,8 @@ one PNG: by default the run's own curves.png for one run, a new curves-<date>-<t
 current directory for several.
 
 Panels: reward, training accuracy, held-out eval accuracy, completion length, KL, clip fraction,
-engine/learner mismatch, and the step-time breakdown (of the first run).
+engine/learner mismatch, entropy of the sampled tokens, curriculum level, and the step-time
+breakdown (of the first run).
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ PANELS = [
     ("kl", "KL to reference"),
     ("clip_frac", "clipped token fraction"),
     ("mismatch/logprob_abs_mean", "|learner - sampler| logprob"),
+    ("entropy/sampled", "entropy of the sampled tokens (nats)"),
+    ("curriculum/level", "curriculum level"),
 ]
 TIMES = ["time/rollout_s", "time/reward_s", "time/learn_s", "time/sync_s"]
 
@@ -65,7 +68,7 @@ def plot(run_dirs: list[Path], out: Path) -> Path:
     import matplotlib.pyplot as plt
 
     runs = list(zip(run_labels(run_dirs), [read_metrics(d) for d in run_dirs], strict=True))
-    fig, axes = plt.subplots(2, 4, figsize=(18, 8), constrained_layout=True)
+    fig, axes = plt.subplots(2, 5, figsize=(22, 8), constrained_layout=True)
     for ax, (key, title) in zip(axes.flat, PANELS, strict=False):
         drawn = False
         for label, records in runs:

@@ -42,6 +42,7 @@ from rlvr.errors import RlvrError
 from rlvr.evaluate import greedy, sample_record, summarise
 from rlvr.learner import Learner, make_batch
 from rlvr.logging import Logger, manifest
+from rlvr.monitor import DegenerationMonitor
 from rlvr.plot import plot
 from rlvr.precision import pick_device
 from rlvr.precision import resolve as resolve_precision
@@ -246,6 +247,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, float]:
         log.info("checkpoint: %s", path)
         return path
 
+    monitor = DegenerationMonitor([t for t in rewards.fns if t != cfg.reward.correct_term])
     stop = GracefulStop()
     try:
         check_canary(engine, learner.sequence_logprobs, canary, precision.canary_tol)
@@ -289,6 +291,9 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, float]:
             metrics.update(c.shaping)
             metrics.update({
                 "reward/std": float(torch.tensor([r.reward for r in c.first_round]).std()),
+                # mean -log p of the sampled tokens: an unbiased estimate of the sampling distribution's entropy
+                "entropy/sampled": -sum(sum(r.sampler_logprobs) for r in c.first_round)
+                / max(sum(len(r.sampler_logprobs) for r in c.first_round), 1),
                 "reward/errors": float(rewards.errors - errors_before),
                 # groups of the first round whose shaped scores are all equal: advantage 0, no signal
                 "groups/zero_adv_frac": float(advantages.flat_groups(c.first_scores).float().mean()),
@@ -303,6 +308,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, float]:
                 "time/step_s": time.perf_counter() - t_step,
                 "tokens_per_s": c.times["tokens"] / c.times["rollout"],
             })
+            metrics.update(monitor.update(step, metrics))
             logger.log(step, metrics)
             if metrics["groups/zero_adv_frac"] == 1.0 and not cfg.algorithm.dynamic_sampling.enabled:
                 log.warning("step %d: every group's rewards were all equal: no learning signal this step", step)

@@ -36,8 +36,9 @@ def test_two_steps_train_sync_and_write_every_output(tmp_path, cache_dir, tiny_p
     for r in records[1:3]:
         for key in ["reward/mean", "reward/digits", "accuracy", "completion_len/mean", "loss", "kl", "clip_frac",
                     "grad_norm", "time/rollout_s", "time/reward_s", "time/learn_s", "time/sync_s", "time/step_s",
-                    "sync/logprob_max_diff", "tokens_per_s"]:
+                    "sync/logprob_max_diff", "tokens_per_s", "entropy/sampled", "learn/tokens"]:
             assert key in r, key
+        assert r["entropy/sampled"] > 1.0  # a random tiny model samples from a nearly flat distribution
         assert r["grad_norm"] > 0
         # the engine/learner mismatch of the sequences the learner ran, from step 1 on
         assert r["learn/sequences"] > 0 and r["mismatch/tokens"] > 0 and r["mismatch/logprob_abs_max"] < 1e-3
