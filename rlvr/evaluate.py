@@ -42,12 +42,20 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 
 def summarise(rollouts: list[Rollout], rewards: Rewards, prefix: str = "") -> dict[str, float]:
-    """Mean reward (total and per term), accuracy, completion length and truncation rate."""
+    """Mean reward (total and per term), accuracy (also per `meta["level"]` when prompts carry
+    several), completion length and truncation rate."""
     n = len(rollouts)
     out = {f"{prefix}reward/mean": sum(r.reward for r in rollouts) / n}
     for name in rewards.fns:
         out[f"{prefix}reward/{name}"] = sum(r.rewards[name] for r in rollouts) / n
     out[f"{prefix}accuracy"] = sum(rewards.is_correct(r) for r in rollouts) / n
+    levels: dict[str, list[bool]] = {}
+    for r in rollouts:
+        if "level" in r.prompt.meta:
+            levels.setdefault(str(r.prompt.meta["level"]), []).append(rewards.is_correct(r))
+    if len(levels) > 1:  # a task whose prompts carry meta["level"]: accuracy per level too
+        for level, correct in sorted(levels.items()):
+            out[f"{prefix}accuracy/{level}"] = sum(correct) / len(correct)
     out[f"{prefix}completion_len/mean"] = sum(len(r.completion_ids) for r in rollouts) / n
     out[f"{prefix}truncated_frac"] = sum(r.finish_reason == "length" for r in rollouts) / n
     return out

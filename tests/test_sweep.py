@@ -59,3 +59,24 @@ def test_overrides_are_read_as_yaml(tmp_path):
     assert len(template) > 80 and "\n  " in (a / ".hydra" / "overrides.yaml").read_text()  # folded
     assert differing_overrides([a, b]) == [f"{template} data.system_prompt='a: b' seed=0", "seed=1"]
     assert [r["overrides"] for r in summarise_sweep(tmp_path)] == differing_overrides([a, b])
+
+
+def test_seeds_of_one_configuration_are_summarised_together(tmp_path):
+    sweep = tmp_path / "sweep"
+    finals = {("grpo", 0): 0.5, ("grpo", 1): 0.3, ("dapo", 0): 0.2, ("dapo", 1): 0.2}
+    for num, ((algorithm, seed), accuracy) in enumerate(finals.items()):
+        _run(sweep, num, [*SHARED, f"algorithm={algorithm}", f"seed={seed}"], eval_accuracy=accuracy)
+    SweepSummary().on_multirun_end(OmegaConf.create({"hydra": {"sweep": {"dir": str(sweep)}}}))
+    header, *rows = [r.split(",") for r in (sweep / "sweep_seeds.csv").read_text().splitlines()]
+    table = [dict(zip(header, r, strict=True)) for r in rows]
+    assert [(r["config"], r["seeds"], r["final_mean"], r["final_std"], r["gain_min"]) for r in table] == [
+        ("algorithm=grpo", "2", "0.4", "0.1414", "0.175"), ("algorithm=dapo", "2", "0.2", "0.0", "0.075")]
+    assert table[0]["finals"] == "0.500 0.300" and table[0]["start_mean"] == "0.125"
+
+
+def test_no_seed_table_without_repeated_seeds(tmp_path):
+    sweep = tmp_path / "sweep"
+    for num, lr in enumerate(("1e-5", "3e-5")):
+        _run(sweep, num, [*SHARED, f"optim.lr={lr}"], eval_accuracy=0.5)
+    SweepSummary().on_multirun_end(OmegaConf.create({"hydra": {"sweep": {"dir": str(sweep)}}}))
+    assert (sweep / "sweep_summary.csv").is_file() and not (sweep / "sweep_seeds.csv").exists()

@@ -175,21 +175,26 @@ ANSWER_KINDS = {
 }
 
 
-def answer_format(completion: str, prompt: Prompt, kind: str = "number") -> float:
-    """Partial credit for the answer-tag format, so a model that never writes tags still has a gradient:
-    1.0 one <answer>…</answer> holding the right kind of content ("number", "call": a function name
-    or a JSON call, "any": anything non-empty); 0.5 well-formed tags around anything else (or several);
-    0.25 a lone <answer> or </answer>; 0.0 none.
+def answer_format(completion: str, prompt: Prompt, kind: str = "number", partial: bool = True) -> float:
+    """Credit for the answer-tag format: 1.0 for one <answer>…</answer> holding the right kind of
+    content ("number", "call": a function name or a JSON call, "any": anything non-empty).
+    With `partial` (so that a model that never writes tags still has a gradient) 0.5 for well-formed
+    tags around anything else (or several) and 0.25 for a lone <answer> or </answer>; without it,
+    those score 0: credit is gated on a well-formed answer of the right kind.
 
     >>> p = Prompt(messages=[], answer="6")
     >>> [answer_format(c, p) for c in ["<answer>6</answer>", "<answer>six</answer>", "<answer>6", "6"]]
     [1.0, 0.5, 0.25, 0.0]
     >>> answer_format('<answer>{"name": "f"}</answer>', p, kind="call")
     1.0
+    >>> [answer_format(c, p, partial=False) for c in ["<answer>6</answer>", "<answer>6 * 1 = 6</answer>", "<answer>6"]]
+    [1.0, 0.0, 0.0]
     """
     found = _ANSWER.findall(completion)
     if len(found) == 1 and ANSWER_KINDS[kind](found[0].strip()):
         return 1.0
+    if not partial:
+        return 0.0
     if found:
         return 0.5
     if "<answer>" in completion or "</answer>" in completion:
