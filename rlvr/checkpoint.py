@@ -1,7 +1,8 @@
 """Checkpoints: everything a run needs to continue exactly where it stopped.
 
     <run dir>/checkpoints/step-000040/
-        model/               the policy: a Hugging Face folder (safetensors + tokenizer)
+        model/               the policy: a Hugging Face folder (safetensors + tokenizer); with LoRA, merged
+        adapter/             with LoRA (model.lora.r > 0): the adapter the learner resumes from (peft's folder)
         optimizer.pt         AdamW and LR-scheduler state, torch RNG state (loaded with weights_only=True)
         trainer_state.json   step, task state (sampler position, curriculum), Python/NumPy RNG states,
                              reward error count
@@ -86,6 +87,19 @@ def validate(path: Path) -> Path:
     return path
 
 
+def adapter(path: Path, lora: bool) -> Path | None:
+    """The checkpoint's LoRA adapter folder when the run trains with LoRA (`lora`), else None; a
+    checkpoint and a run that disagree about LoRA raise."""
+    folder = path / "adapter"
+    if lora and not (folder / "adapter_config.json").is_file():
+        raise CheckpointError(f"checkpoint {path} holds no LoRA adapter (adapter/), but model.lora.r > 0: it was "
+                              "written by a run without LoRA; resume it with model.lora.r=0")
+    if not lora and folder.exists():
+        raise CheckpointError(f"checkpoint {path} was written by a LoRA run (it holds adapter/): resume it with the "
+                              "same model.lora settings")
+    return folder if lora else None
+
+
 def load_step(path: Path) -> int:
     """The step a checkpoint was taken after."""
     return int(json.loads((path / "trainer_state.json").read_text())["step"])
@@ -103,6 +117,8 @@ def save(run_dir: Path, step: int, learner, task, rewards, keep_last: int) -> Pa
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=folder))
     try:
         learner.save(tmp / "model")
+        if learner.lora:
+            learner.save_adapter(tmp / "adapter")
         torch.save({"optimizer": learner.optimizer.state_dict(), "scheduler": learner.scheduler.state_dict(),
                     "torch_rng": torch.get_rng_state()}, tmp / "optimizer.pt")
         np_state = np.random.get_state()

@@ -24,9 +24,19 @@ from rlvr.precision import ENGINE_DTYPES, PRECISIONS
 
 
 @dataclass
+class LoraConfig:
+    r: int = 0
+    alpha: float = 16.0
+    dropout: float = 0.0
+    target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
+                                                               "up_proj", "down_proj"])
+
+
+@dataclass
 class ModelConfig:
     path: str = MISSING
     build: str | None = None
+    lora: LoraConfig = field(default_factory=LoraConfig)
 
 
 @dataclass
@@ -138,6 +148,7 @@ class RolloutConfig:
     max_model_len: int = 1024
     canary_tol: float | None = None
     dtype: str = "auto"
+    backend: str = "vllm"
 
 
 @dataclass
@@ -227,7 +238,8 @@ LOSS_AGGS = ("token_mean", "seq_mean_token_mean", "token_sum_norm")
 KL_ESTIMATORS = ("k1", "k2", "k3")
 RATIOS = ("token", "sequence")
 OVERLONG = ("none", "mask", "soft")
-DEVICES = ("auto", "cpu", "cuda")
+DEVICES = ("auto", "cpu", "cuda", "mps")
+BACKENDS = ("vllm", "transformers")
 COMBINE = ("sum_then_normalise", "normalise_then_sum")
 
 
@@ -296,7 +308,12 @@ def check(cfg: DictConfig, training: bool = True) -> None:
              f"must be 1.0 in training, got {r.top_p}: vLLM reports logprobs renormalised over the nucleus while "
              "the learner scores the full softmax, so every ratio would be biased (rlvr eval may use top_p < 1)")
     need(cfg.trainer.device in DEVICES, "trainer.device", f"must be one of {DEVICES}")
+    need(r.backend in BACKENDS, "rollout.backend", f"must be one of {BACKENDS}, got {r.backend!r}")
     need(cfg.optim.lr > 0, "optim.lr", "must be > 0")
+    need(cfg.model.lora.r >= 0, "model.lora.r", "must be >= 0 (0: no adapters, every weight trains)")
+    need(0 <= cfg.model.lora.dropout < 1, "model.lora.dropout", "must be in [0, 1)")
+    need(cfg.model.lora.r == 0 or len(cfg.model.lora.target_modules) > 0, "model.lora.target_modules",
+         "must name at least one layer when model.lora.r > 0")
     need(len(cfg.optim.betas) == 2, "optim.betas", "must hold two numbers")
     need(cfg.reward.correct_term in cfg.reward.terms, "reward.correct_term",
          f"names the term that defines accuracy; {cfg.reward.correct_term!r} is not one of {list(cfg.reward.terms)}")

@@ -98,18 +98,20 @@ def run_eval(cfg: DictConfig, run_dir: Path) -> dict[str, float]:
     eval_samples.jsonl into `run_dir` and prints a table."""
     from transformers import AutoTokenizer
 
-    from rlvr.rollout.engine import RolloutEngine
+    from rlvr.rollout.engine import build_engine, check_backend, check_memory
 
     check(cfg, training=False)
+    device = pick_device(cfg.trainer.device)
+    check_backend(cfg.rollout.backend, device)
     rewards = Rewards(cfg.reward)
     model_path = models.resolve(cfg.model, Path(cfg.cache_dir))
     task = build_task(cfg, model_path)
-    device = pick_device(cfg.trainer.device)
     precision = resolve_precision(cfg.trainer.precision, cfg.rollout.dtype, cfg.rollout.canary_tol, device)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     prompts, _ = PromptFit(tokenizer, cfg.rollout.max_model_len, cfg.rollout.max_tokens).eval_prompts(task.eval_prompts())
     start = time.perf_counter()
-    engine = RolloutEngine(model_path, cfg.rollout, precision.engine_dtype, cfg.seed, device, Path(cfg.cache_dir))
+    check_memory(cfg.rollout, model_path, precision.engine_dtype, device)
+    engine = build_engine(model_path, cfg.rollout, precision.engine_dtype, cfg.seed, device, Path(cfg.cache_dir))
     try:
         metrics, greedy_rollouts = greedy(engine, tokenizer, prompts, rewards)
         sampled_rollouts: list[Rollout] = []

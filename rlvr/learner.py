@@ -85,13 +85,19 @@ class Learner:
 
     def __init__(self, model_path: Path, optim: DictConfig, algorithm: DictConfig, trainer: DictConfig,
                  temperature: float, max_tokens: int, device: str, precision: Precision | None = None,
-                 reference_path: Path | None = None):
+                 reference_path: Path | None = None, lora: DictConfig | None = None,
+                 adapter_path: Path | None = None):
         """`model_path`: the policy to train (a resumed run's checkpoint); `reference_path`: the initial
-        model a KL term is measured against (default: `model_path`); `precision`: fp32 when None."""
+        model a KL term is measured against (default: `model_path`); `precision`: fp32 when None.
+        With `lora` (`model.lora`, r > 0), `model_path` is the frozen base and adapters train on it,
+        starting from those saved in `adapter_path` when given (a resumed run)."""
         try:
             self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
         except (OSError, ValueError) as e:
             raise ModelError(f"model.path={str(model_path)!r} cannot be loaded as a causal LM: {e}") from e
+        self.lora = lora is not None and lora.r > 0
+        if self.lora:
+            self.model = with_adapters(self.model, lora, adapter_path)
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         if self.tokenizer.chat_template is None:
             raise ModelError(f"the tokenizer of model.path={str(model_path)!r} has no chat template; the task's "
@@ -100,12 +106,15 @@ class Learner:
         self.model.to(device).train()
         self.algo, self.optim_cfg, self.trainer = algorithm, optim, trainer
         self.temperature, self.max_tokens = temperature, max_tokens
+        # The KL reference: with LoRA the base model with its adapters switched off, else a frozen copy.
         self.ref = None
-        if algorithm.kl.coef > 0 or algorithm.kl.reward_coef > 0:  # only built when used
+        self.uses_reference = algorithm.kl.coef > 0 or algorithm.kl.reward_coef > 0
+        if self.uses_reference and not self.lora:  # only built when used
             self.ref = AutoModelForCausalLM.from_pretrained(reference_path or model_path, dtype=torch.float32)
             self.ref.to(device).eval().requires_grad_(False)
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=optim.lr, betas=tuple(optim.betas),
-                                           weight_decay=optim.weight_decay)
+        # Only what trains has optimizer state: every weight, or with LoRA the adapters alone.
+        self.optimizer = torch.optim.AdamW([p for p in self.model.parameters() if p.requires_grad], lr=optim.lr,
+                                           betas=tuple(optim.betas), weight_decay=optim.weight_decay)
         warmup = optim.warmup_steps
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup > 0 else 1.0)
@@ -128,7 +137,9 @@ class Learner:
 
     def named_weights(self, dtype: torch.dtype = torch.float32) -> Iterator[tuple[str, torch.Tensor]]:
         """The policy's weights, by the names of its Hugging Face checkpoint (what vLLM loads), as copies
-        in `dtype` (the engine's) or the float32 masters themselves."""
+        in `dtype` (the engine's) or the float32 masters themselves; with LoRA, merged (base + adapter)."""
+        if self.lora:
+            return ((name, p.to(dtype)) for name, p in merged_weights(self.model))
         return ((name, p.detach().to(dtype)) for name, p in self.model.state_dict().items())
 
     def autocast(self):
@@ -164,11 +175,12 @@ class Learner:
     def batch_logprobs(self, batch: Batch, reference: bool = False) -> torch.Tensor:
         """Logprobs [N, T-1] of every target token under the policy (or the frozen reference), no grad."""
         out = torch.zeros_like(batch.old_logprobs)
-        model = self.ref if reference else self.model
-        for start in range(0, len(batch), self.trainer.micro_batch_size):
-            rows = slice(start, start + self.trainer.micro_batch_size)
-            logp, _, width = self._forward(model, batch.select(rows))
-            out[rows, : width - 1] = logp.cpu()
+        model = self.ref if reference and not self.lora else self.model
+        with self.model.disable_adapter() if reference and self.lora else contextlib.nullcontext():
+            for start in range(0, len(batch), self.trainer.micro_batch_size):
+                rows = slice(start, start + self.trainer.micro_batch_size)
+                logp, _, width = self._forward(model, batch.select(rows))
+                out[rows, : width - 1] = logp.cpu()
         return out
 
     def step(self, batch: Batch) -> dict[str, float]:
@@ -202,7 +214,7 @@ class Learner:
         tokens = float(batch.loss_mask.sum())
         out = {
             "loss": sum(s["loss"] for s in stats) / len(stats),
-            "kl": None if self.ref is None or a.kl.coef == 0 else sum(s["kl"] for s in stats) / len(stats),
+            "kl": None if a.kl.coef == 0 else sum(s["kl"] for s in stats) / len(stats),
             "clip_frac": sum(s["clipped"] for s in stats) / max(sum(s["tokens"] for s in stats), 1.0),
             "grad_norm": sum(s["grad_norm"] for s in stats) / len(stats),
             "lr": lr,
@@ -260,7 +272,8 @@ class Learner:
             gap = (logp.detach() - part.old_logprobs[:, : width - 1].to(self.device)).abs() * mask
             out["mismatch_sum"] += float(gap.sum())
             out["mismatch_max"] = max(out["mismatch_max"], float(gap.max()) if gap.numel() else 0.0)
-        out["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.optim_cfg.max_grad_norm))
+        trained = [p for group in self.optimizer.param_groups for p in group["params"]]
+        out["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(trained, self.optim_cfg.max_grad_norm))
         out["sequences"] = float(len(rows))
         stepped = math.isfinite(out["grad_norm"]) and math.isfinite(out["loss"])
         if stepped:
@@ -272,6 +285,46 @@ class Learner:
         return out
 
     def save(self, path: Path) -> None:
-        """The policy as a Hugging Face folder (safetensors + tokenizer), loadable by transformers and vLLM."""
-        self.model.save_pretrained(path)
+        """The policy as a Hugging Face folder (safetensors + tokenizer), loadable by transformers and vLLM;
+        with LoRA the merged weights (the adapter alone: `save_adapter`)."""
+        if self.lora:
+            self.model.get_base_model().save_pretrained(path, state_dict=dict(merged_weights(self.model)))
+        else:
+            self.model.save_pretrained(path)
         self.tokenizer.save_pretrained(path)
+
+    def save_adapter(self, path: Path) -> None:
+        """The LoRA adapter (peft's folder: adapter_config.json, adapter_model.safetensors)."""
+        self.model.save_pretrained(path)
+
+
+def with_adapters(model: torch.nn.Module, lora: DictConfig, adapter_path: Path | None) -> torch.nn.Module:
+    """`model` with LoRA adapters (peft): trainable adapters on `lora.target_modules`, base frozen;
+    loaded from `adapter_path` when given, else freshly initialised (B = 0: the policy starts as the base)."""
+    from peft import LoraConfig, PeftModel, get_peft_model
+
+    if adapter_path is not None:
+        return PeftModel.from_pretrained(model, adapter_path, is_trainable=True)
+    present = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
+    missing = [m for m in lora.target_modules if m not in present]
+    if missing:
+        raise ModelError(f"model.lora.target_modules: this model has no layer named {', '.join(missing)} "
+                         f"(its {model.config.model_type} layers include {', '.join(sorted(present)[:12])}, ...)")
+    return get_peft_model(model, LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                                            target_modules=list(lora.target_modules), bias="none",
+                                            task_type="CAUSAL_LM"))
+
+
+@torch.no_grad()
+def merged_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """The weights of a peft LoRA model merged (W + scale * B @ A), by the base model's Hugging Face
+    names, computed without touching the model (merging in place and back would drift by rounding)."""
+    from peft.tuners.lora import LoraLayer
+
+    deltas = {f"{name}.base_layer.weight": module.get_delta_weight(module.active_adapters[0])
+              for name, module in model.named_modules() if isinstance(module, LoraLayer)}
+    for name, tensor in model.state_dict().items():
+        if ".lora_" in name:
+            continue
+        merged = tensor + deltas[name] if name in deltas else tensor
+        yield name.removeprefix("base_model.model.").replace(".base_layer.", "."), merged

@@ -51,13 +51,19 @@ class DeviceError(RlvrError, RuntimeError):
 
 
 def pick_device(name: str) -> str:
-    """The device of `trainer.device`: auto is cuda when torch sees a GPU, else cpu."""
+    """The device of `trainer.device`: auto is cuda when torch sees a GPU, else mps on Apple
+    silicon, else cpu."""
     import torch  # here, not at import: rlvr.config reads this module before anything heavy loads
 
+    mps = torch.backends.mps.is_available()
     if name == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
+        return "cuda" if torch.cuda.is_available() else "mps" if mps else "cpu"
     if name == "cuda" and not torch.cuda.is_available():
         raise DeviceError("trainer.device=cuda, but torch sees no GPU (is the CPU build of torch installed?); "
+                          f"this machine has {'mps and ' if mps else ''}cpu: use trainer.device=cpu or auto")
+    if name == "mps" and not mps:
+        raise DeviceError("trainer.device=mps, but this machine has no Apple-silicon GPU that torch can use; "
+                          f"this machine has {'cuda and ' if torch.cuda.is_available() else ''}cpu: "
                           "use trainer.device=cpu or auto")
     return name
 

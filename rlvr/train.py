@@ -48,7 +48,14 @@ from rlvr.precision import pick_device
 from rlvr.precision import resolve as resolve_precision
 from rlvr.prompts import PromptFit
 from rlvr.rewards import Rewards
-from rlvr.rollout.engine import RolloutEngine, canary_sequence, check_canary, check_kv_cache
+from rlvr.rollout.engine import (
+    Engine,
+    build_engine,
+    canary_sequence,
+    check_backend,
+    check_canary,
+    check_memory,
+)
 from rlvr.types import Rollout
 
 log = logging.getLogger("rlvr")
@@ -118,7 +125,7 @@ class Collected:
     dropped: int  # training prompts dropped as too long for the context
 
 
-def collect_groups(task: Task, fit: PromptFit, engine: RolloutEngine, rewards: Rewards,
+def collect_groups(task: Task, fit: PromptFit, engine: Engine, rewards: Rewards,
                    score: Callable[[list[Rollout]], tuple[torch.Tensor, dict[str, float]]],
                    cfg: DictConfig, step: int) -> Collected:
     """Sample `data.batch_size` prompts that fit the context, generate a group for each, score it and
@@ -195,14 +202,16 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, float]:
     t_start = time.perf_counter()
     # Everything that can fail on bad input fails here, before a model loads.
     check(cfg)
+    device = pick_device(cfg.trainer.device)
+    check_backend(cfg.rollout.backend, device)
     rewards = Rewards(cfg.reward)
     model_path = models.resolve(cfg.model, Path(cfg.cache_dir))
     task = build_task(cfg, model_path)
-    device = pick_device(cfg.trainer.device)
     precision = resolve_precision(cfg.trainer.precision, cfg.rollout.dtype, cfg.rollout.canary_tol, device)
-    log.info("precision: learner %s, engine %s, canary tolerance %g (%s)", precision.learner,
-             precision.engine_dtype, precision.canary_tol, precision.why)
-    check_kv_cache(model_path, cfg.rollout, precision.engine_dtype, device)
+    log.info("device %s (trainer.device=%s), %s engine; precision: learner %s, engine %s, canary tolerance %g (%s)",
+             device, cfg.trainer.device, cfg.rollout.backend, precision.learner, precision.engine_dtype,
+             precision.canary_tol, precision.why)
+    check_memory(cfg.rollout, model_path, precision.engine_dtype, device)
     if cfg.trainer.num_threads is not None:  # before the engine starts: vLLM pins its threads
         torch.set_num_threads(cfg.trainer.num_threads)
     random.seed(cfg.seed)
@@ -210,8 +219,11 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, float]:
     torch.manual_seed(cfg.seed)
     resume = checkpoint.find(cfg.trainer.resume, run_dir)
     policy_path = resume / "model" if resume else model_path  # a resumed run starts from the checkpoint
-    learner = Learner(policy_path, cfg.optim, cfg.algorithm, cfg.trainer, cfg.rollout.temperature,
-                      cfg.rollout.max_tokens, device, precision, reference_path=model_path)
+    lora = cfg.model.lora if cfg.model.lora.r > 0 else None
+    # With LoRA the learner is the base model plus the adapter (the checkpoint's); the engine serves merged weights.
+    learner = Learner(model_path if lora else policy_path, cfg.optim, cfg.algorithm, cfg.trainer,
+                      cfg.rollout.temperature, cfg.rollout.max_tokens, device, precision, reference_path=model_path,
+                      lora=lora, adapter_path=checkpoint.adapter(resume, lora is not None) if resume else None)
     tok = learner.tokenizer
     # Every prompt is checked against the engine's context before the engine starts.
     fit = PromptFit(tok, cfg.rollout.max_model_len, cfg.rollout.max_tokens)
@@ -227,7 +239,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, float]:
                            "precision": {"learner": precision.learner, "engine_dtype": precision.engine_dtype,
                                          "canary_tol": precision.canary_tol, "why": precision.why}})
     start = checkpoint.load_state(resume, learner, task, rewards) if resume else 0
-    engine = RolloutEngine(policy_path, cfg.rollout, precision.engine_dtype, cfg.seed, device, Path(cfg.cache_dir))
+    engine = build_engine(policy_path, cfg.rollout, precision.engine_dtype, cfg.seed, device, Path(cfg.cache_dir))
     engine_dtype = getattr(torch, precision.engine_dtype)
     # A fixed sequence whose logprobs engine and learner must agree on after every sync.
     canary = canary_sequence(min(eval_ids, key=len), tok(CANARY_ANSWER, add_special_tokens=False).input_ids,

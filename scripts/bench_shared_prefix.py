@@ -43,7 +43,7 @@ def generate(experiment: str, overrides: list[str], out: Path) -> None:
     from rlvr.data import build_task
     from rlvr.learner import make_batch
     from rlvr.prompts import render
-    from rlvr.rollout.engine import RolloutEngine
+    from rlvr.rollout.vllm_engine import VllmEngine
 
     cfg = config(experiment, overrides)
     path = models.resolve(cfg.model, Path(cfg.cache_dir))
@@ -52,7 +52,7 @@ def generate(experiment: str, overrides: list[str], out: Path) -> None:
 
     tok = AutoTokenizer.from_pretrained(path)
     prompts = task.sample(cfg.data.batch_size)
-    engine = RolloutEngine(path, cfg.rollout, "float32", cfg.seed, "cpu", Path(cfg.cache_dir))
+    engine = VllmEngine(path, cfg.rollout, "float32", cfg.seed, "cpu", Path(cfg.cache_dir))
     try:
         rollouts = engine.generate(prompts, [render(tok, p) for p in prompts], n=cfg.algorithm.group_size, seed=1)
     finally:

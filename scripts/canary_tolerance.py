@@ -32,7 +32,8 @@ def measure(model: str, precision_name: str, updates: int) -> dict[str, list[flo
     from rlvr.precision import resolve
     from rlvr.prompts import render
     from rlvr.rewards import Rewards
-    from rlvr.rollout.engine import RolloutEngine, canary_sequence, check_canary
+    from rlvr.rollout.engine import canary_sequence, check_canary
+    from rlvr.rollout.vllm_engine import VllmEngine
 
     register()
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
@@ -44,7 +45,7 @@ def measure(model: str, precision_name: str, updates: int) -> dict[str, list[flo
     learner = Learner(path, cfg.optim, cfg.algorithm, cfg.trainer, cfg.rollout.temperature, cfg.rollout.max_tokens,
                       "cpu", precision)
     tok = learner.tokenizer
-    engine = RolloutEngine(path, cfg.rollout, precision.engine_dtype, 0, "cpu", Path(cfg.cache_dir))
+    engine = VllmEngine(path, cfg.rollout, precision.engine_dtype, 0, "cpu", Path(cfg.cache_dir))
     dtype = getattr(torch, precision.engine_dtype)
     prompt = render(tok, task.eval_prompts()[0])
     canary = canary_sequence(prompt, tok(" <answer>42</answer>", add_special_tokens=False).input_ids,

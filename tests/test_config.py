@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import subprocess
 from pathlib import Path
 
 import pytest
+import torch
 from hydra.utils import get_method
 
 from rlvr.cli import CONFIG_DIR
@@ -15,6 +17,7 @@ from rlvr.config import ConfigError, check
 from rlvr.data import build_task
 from rlvr.keys import unknown_keys
 from rlvr.rewards import Rewards
+from rlvr.rollout.engine import EngineConfigError, check_backend
 
 from .conftest import RLVR, compose_config, run_cli
 from .test_files import ROWS, SUFFIX, write
@@ -69,6 +72,8 @@ def test_overrides_from_the_contract_apply():
     ("trainer.precision=bf16", "trainer.precision: must be one of"),
     ("rollout.dtype=float16", "rollout.dtype: must be one of"),
     ("trainer.max_steps=0", "trainer.max_steps: must be >= 1"),
+    ("rollout.backend=sglang", "rollout.backend: must be one of"),
+    ("trainer.device=tpu", "trainer.device: must be one of"),
     # a bad value is named by its own key, not by another check that happens to trip over it
     ("data.batch_size=0", "data.batch_size: must be >= 1"),
 ])
@@ -99,6 +104,35 @@ def test_cli_fails_at_start_naming_the_key(override, expected, tmp_path):
     assert result.returncode == 1
     assert expected in result.stderr + result.stdout
     assert not (tmp_path / "run").exists()  # a rejected run leaves no run dir
+
+
+NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
+NO_MPS = pytest.mark.skipif(torch.backends.mps.is_available(), reason="this machine has Apple's MPS")
+
+
+@pytest.mark.parametrize("override, expected", [
+    pytest.param("trainer.device=cuda", "trainer.device=cuda, but torch sees no GPU", marks=NO_CUDA),
+    pytest.param("trainer.device=mps", "trainer.device=mps, but this machine has no Apple-silicon GPU", marks=NO_MPS),
+])
+@pytest.mark.parametrize("command", ["train", "eval"])
+def test_a_device_that_is_not_there_is_named_before_a_model_loads(command, override, expected, tmp_path):
+    result = run_cli([command, override, "model=local", f"model.path={tmp_path}/absent",
+                      f"hydra.run.dir={tmp_path}/run"], cache=tmp_path, timeout=120)
+    assert result.returncode == 1
+    assert expected in result.stderr and "use trainer.device=cpu or auto" in result.stderr
+    assert len([line for line in result.stderr.splitlines() if "Error" in line or "error" in line]) <= 1
+
+
+def test_vllm_missing_names_the_other_backend(monkeypatch):
+    # vLLM is installed here; its absence (a Mac, a node without it) is a fault this machine cannot cause
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
+    with pytest.raises(EngineConfigError, match="vLLM is not installed.*rollout.backend=transformers"):
+        check_backend("vllm", "cpu")
+    check_backend("transformers", "cpu")
+    with pytest.raises(EngineConfigError, match="rollout.backend=transformers"):
+        monkeypatch.setattr(importlib.util, "find_spec", real)
+        check_backend("vllm", "mps")
 
 
 @pytest.mark.parametrize("override, expected", [

