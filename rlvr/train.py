@@ -22,8 +22,10 @@ from __future__ import annotations
 import logging
 import os
 import random
+import resource
 import shutil
 import signal
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -197,6 +199,15 @@ def shaped_scores(rollouts: list[Rollout], rewards: Rewards, learner: Learner,
     return scores.view(-1, a.group_size), metrics
 
 
+def peak_memory(device: str) -> dict[str, float]:
+    """Peak memory so far: the process's resident set (GiB), and on CUDA the most torch allocated."""
+    unit = 2**30 if sys.platform == "darwin" else 2**20  # ru_maxrss is in bytes on macOS, KiB on Linux
+    out = {"memory/rss_peak_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / unit}
+    if device == "cuda":
+        out["memory/cuda_peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
+    return out
+
+
 def train(cfg: DictConfig, run_dir: Path) -> dict[str, float]:
     """Run `cfg.trainer.max_steps` RL steps; return the last step's metrics (and the final eval)."""
     t_start = time.perf_counter()
@@ -319,6 +330,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, float]:
                 "time/sync_s": t_sync,
                 "time/step_s": time.perf_counter() - t_step,
                 "tokens_per_s": c.times["tokens"] / c.times["rollout"],
+                **peak_memory(device),
             })
             metrics.update(monitor.update(step, metrics))
             logger.log(step, metrics)

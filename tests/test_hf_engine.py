@@ -109,3 +109,22 @@ def test_rlvr_train_with_the_transformers_backend(tmp_path, cache_dir):
     assert result.returncode == 0, result.stderr[-3000:]
     steps = [line for line in (run / "metrics.jsonl").read_text().splitlines() if "time/step_s" in line]
     assert len(steps) == 2 and all('"sync/logprob_max_diff"' in s for s in steps)
+
+
+def test_rlvr_trains_where_vllm_does_not_import(tmp_path, cache_dir):
+    """A machine without a working vLLM (here: a package named vllm whose import fails, first on the
+    path): the transformers backend trains, and the vLLM backend says what to use instead."""
+    shim = tmp_path / "shim" / "vllm"
+    shim.mkdir(parents=True)
+    (shim / "__init__.py").write_text("raise ImportError('no vLLM build for this machine')\n")
+    env = {"PYTHONPATH": str(tmp_path / "shim")}
+    args = ["train", "+experiment=multiplication", "model=tiny", "trainer.max_steps=1", "rollout.max_tokens=8",
+            "data.eval_size=4", "trainer.save_model=false"]
+    result = run_cli([*args, "rollout.backend=transformers", f"hydra.run.dir={tmp_path}/a"], cache=cache_dir,
+                     extra_env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "transformers engine" in (tmp_path / "a" / "train.log").read_text()
+    result = run_cli([*args, f"hydra.run.dir={tmp_path}/b"], cache=cache_dir, extra_env=env)
+    assert result.returncode == 1
+    assert "rollout.backend=vllm, but vLLM does not import here: no vLLM build" in result.stderr
+    assert "rollout.backend=transformers" in result.stderr

@@ -72,7 +72,11 @@ def build_engine(model_path: Path, cfg: DictConfig, dtype: str, seed: int, devic
     if backend == "vllm":
         from rlvr.rollout.vllm_engine import VllmEngine
 
-        return VllmEngine(model_path, cfg, dtype, seed, device, cache_dir)
+        try:
+            return VllmEngine(model_path, cfg, dtype, seed, device, cache_dir)
+        except ImportError as e:  # installed, but broken (a build for another torch or CUDA)
+            raise EngineConfigError(f"rollout.backend=vllm, but vLLM does not import here: {e}; fix the install, or "
+                                    "use rollout.backend=transformers") from e
     if backend == "transformers":
         from rlvr.rollout.hf_engine import TransformersEngine
 

@@ -125,10 +125,12 @@ class TransformersEngine:
         """One token per row [b] from softmax rows `logprobs` [b, V], row r driven by `generators[r]`:
         inverse-CDF sampling with one uniform draw per row (a multinomial per row costs ~50x more)."""
         u = torch.cat([torch.rand(1, generator=g, device=self.generator_device, dtype=torch.float64)
-                       for g in generators]).to(logprobs.device)
-        cdf = logprobs.double().exp().cumsum(-1)
+                       for g in generators])
+        # in float64 on the generators' device (MPS has no float64: there the CPU)
+        cdf = logprobs.to(self.generator_device).double().exp().cumsum(-1)
         u = u * cdf[:, -1]  # the sum is 1 up to rounding: scale the draw rather than trust it
-        return torch.searchsorted(cdf, u[:, None], right=True)[:, 0].clamp(max=logprobs.shape[-1] - 1)
+        chosen = torch.searchsorted(cdf, u[:, None], right=True)[:, 0].clamp(max=logprobs.shape[-1] - 1)
+        return chosen.to(logprobs.device)
 
     @torch.no_grad()
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
