@@ -92,7 +92,10 @@ class RewardTerm:
 
 @dataclass
 class RewardConfig:
-    terms: dict[str, RewardTerm] = field(default_factory=dict)
+    # Each term is a RewardTerm, left untyped here so that `+reward.terms.NAME._target_=...` can add one
+    # from the command line (OmegaConf cannot create a dataclass node there); rlvr.keys and `check`
+    # hold every term to RewardTerm's keys and types.
+    terms: dict[str, Any] = field(default_factory=dict)
     correct_term: str = MISSING
     timeout_s: float | None = 10.0
     error_value: float = 0.0
@@ -315,6 +318,14 @@ def check(cfg: DictConfig, training: bool = True) -> None:
     need(cfg.model.lora.r == 0 or len(cfg.model.lora.target_modules) > 0, "model.lora.target_modules",
          "must name at least one layer when model.lora.r > 0")
     need(len(cfg.optim.betas) == 2, "optim.betas", "must hold two numbers")
+    for name, term in cfg.reward.terms.items():
+        key = f"reward.terms.{name}"
+        need(isinstance(term, DictConfig) and isinstance(term.get("_target_"), str), f"{key}._target_",
+             "is missing: each term names its reward function by dotted path")
+        need(isinstance(term.get("weight", 1.0), int | float) and not isinstance(term.get("weight"), bool),
+             f"{key}.weight", f"must be a number, got {term.get('weight')!r}")
+        need(isinstance(term.get("kwargs", {}), dict | DictConfig), f"{key}.kwargs",
+             "must be a mapping of the function's keyword arguments")
     need(cfg.reward.correct_term in cfg.reward.terms, "reward.correct_term",
          f"names the term that defines accuracy; {cfg.reward.correct_term!r} is not one of {list(cfg.reward.terms)}")
     need(cfg.reward.timeout_s is None or cfg.reward.timeout_s >= 0, "reward.timeout_s", "must be >= 0 (0 or null: none)")

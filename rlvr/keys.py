@@ -6,17 +6,22 @@ dead key in its config.yaml. `unknown_keys` walks the composed config and fails 
 node's schema (a dataclass of rlvr/config.py) does not declare.
 
 Untyped nodes are not checked here: a user's task without a schema (its constructor rejects what it
-does not take) and the `kwargs` of reward terms (the reward function's own keywords).
+does not take) and the `kwargs` of reward terms (the reward function's own keywords). Reward terms
+themselves are untyped in the schema but checked against RewardTerm.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from rlvr.config import ConfigError
+from rlvr.config import ConfigError, RewardTerm
+
+# reward.terms.NAME: untyped in the schema (so that `+` can add a term), held to RewardTerm's keys here.
+_TERM = re.compile(r"reward\.terms\.[^.]+")
 
 
 def unknown_keys(cfg: DictConfig) -> None:
@@ -33,7 +38,7 @@ def _walk(node: DictConfig | ListConfig, path: str) -> None:
         return
     if node._is_missing() or node._is_none() or node._is_interpolation():
         return
-    schema = OmegaConf.get_type(node)
+    schema = RewardTerm if _TERM.fullmatch(path) else OmegaConf.get_type(node)
     fields = [f.name for f in dataclasses.fields(schema)] if dataclasses.is_dataclass(schema) else None
     for key in node.keys():
         where = f"{path}.{key}" if path else str(key)

@@ -2,7 +2,7 @@
 -> sync weights into the engine (and check them) -> log.
 
 Where this departs from the GRPO paper (Shao et al. 2024):
-- The "old" policy of the clipped ratio is the sampler's own logprobs (from vLLM), as in
+- The "old" policy of the clipped ratio is the sampler's own logprobs (from the engine), as in
   DAPO/verl with one update per batch; the ratio is 1 up to engine/learner numerical
   mismatch, which is logged every step the learner runs (mismatch/*). The GSPO preset (and any run
   with `algorithm.tis_cap`) takes the learner's own logprobs before the update instead, with TIS.

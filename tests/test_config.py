@@ -152,6 +152,26 @@ def test_a_key_added_with_plus_that_no_schema_takes_is_named(override, expected)
     assert "+" not in str(raised.value)  # never the advice that let the key in
 
 
+def test_a_reward_term_can_be_added_from_the_command_line():
+    cfg = compose_config(["+reward.terms.short._target_=rlvr.rewards.text.length_penalty",
+                          "+reward.terms.short.weight=0.1", "+reward.terms.short.kwargs.limit=40"])
+    unknown_keys(cfg)
+    check(cfg)
+    rewards = Rewards(cfg.reward)
+    assert rewards.weights == {"correct": 1.0, "format": 0.2, "short": 0.1}
+    assert rewards.fns["short"]("x" * 60, None) == -0.5  # limit 40, span 40: 20 over is half the penalty
+
+
+@pytest.mark.parametrize("override, expected", [
+    ("+reward.terms.short.weight=0.1", "reward.terms.short._target_: is missing"),
+    ("reward.terms.correct.weight=abc", "reward.terms.correct.weight: must be a number, got 'abc'"),
+    ("reward.terms.correct.kwargs=3", "reward.terms.correct.kwargs: must be a mapping"),
+])
+def test_a_bad_reward_term_is_named(override, expected):
+    with pytest.raises(ConfigError, match=re.escape(expected)):
+        check(compose_config([override]))
+
+
 def test_untyped_nodes_take_any_key():
     cfg = compose_config(["+reward.terms.correct.kwargs.anything=1"])  # the reward function's own keywords
     cfg.data = {"_target_": "my_pkg.Task", "words": ["a"]}  # a user's task without a schema

@@ -79,10 +79,10 @@ class Rewards:
                 fn = get_method(term._target_)
             except Exception as e:  # hydra wraps the import error; say which term and path
                 raise RewardError(f"reward.terms.{name}._target_={term._target_!r} cannot be imported: {e}") from e
-            kwargs = OmegaConf.to_container(term.kwargs)
+            kwargs = OmegaConf.to_container(term.kwargs) if term.get("kwargs") is not None else {}
             specs[name] = (term._target_, kwargs)
             self.fns[name] = functools.partial(fn, **kwargs)
-            self.weights[name] = float(term.weight)
+            self.weights[name] = float(term.get("weight", 1.0))  # RewardTerm's defaults (rlvr.config)
         self.correct_term = cfg.correct_term
         self.timeout_s = cfg.timeout_s or None
         self.error_value = float(cfg.error_value)
