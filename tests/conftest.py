@@ -43,6 +43,17 @@ def compose_config(overrides: list[str], cache: Path | None = None) -> DictConfi
         return compose(config_name="train", overrides=[*overrides, *extra])
 
 
+def tiny_learner(cache: Path, tiny_path: Path, overrides: list[str] | None = None):
+    """(config, a learner of the tiny model on CPU) for the engine tests: lr 1e-2, sampling at 0.7,
+    16 new tokens, plus `overrides`."""
+    from rlvr.learner import Learner
+
+    cfg = compose_config(["model=tiny", "optim.lr=1e-2", "rollout.temperature=0.7", "rollout.max_tokens=16",
+                          *(overrides or [])], cache)
+    return cfg, Learner(tiny_path, cfg.optim, cfg.algorithm, cfg.trainer, cfg.rollout.temperature,
+                        cfg.rollout.max_tokens, "cpu")
+
+
 def run_cli(args: list[str], cache: Path, timeout: int = 600, extra_env: dict | None = None) -> subprocess.CompletedProcess:
     """Run the installed `rlvr` command as a user would; output captured as text."""
     env = {**os.environ, "RLVR_CACHE": str(cache), "HYDRA_FULL_ERROR": "0", **(extra_env or {})}

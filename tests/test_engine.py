@@ -5,14 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlvr.learner import Learner, make_batch, token_logprobs
+from rlvr.learner import make_batch, token_logprobs
 from rlvr.precision import CANARY_TOL
 from rlvr.prompts import render
 from rlvr.rollout.engine import EngineError, WeightSyncError, canary_sequence, check_canary
 from rlvr.rollout.vllm_engine import VllmEngine
 from rlvr.types import Prompt
 
-from .conftest import compose_config
+from .conftest import tiny_learner
 
 pytestmark = pytest.mark.slow
 
@@ -21,10 +21,7 @@ PROMPTS = [Prompt(messages=[{"role": "user", "content": f"What is {a} * 7?"}], a
 
 @pytest.fixture(scope="module")
 def parts(cache_dir, tiny_path):
-    cfg = compose_config(["model=tiny", "optim.lr=1e-2", "rollout.temperature=0.7", "rollout.max_tokens=16"],
-                         cache_dir)
-    learner = Learner(tiny_path, cfg.optim, cfg.algorithm, cfg.trainer, cfg.rollout.temperature,
-                      cfg.rollout.max_tokens, "cpu")
+    cfg, learner = tiny_learner(cache_dir, tiny_path)
     engine = VllmEngine(tiny_path, cfg.rollout, "float32", seed=0, device="cpu", cache_dir=cache_dir)
     yield cfg, learner, engine
     engine.close()

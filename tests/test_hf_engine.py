@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlvr.learner import Learner, make_batch, token_logprobs
+from rlvr.learner import make_batch, token_logprobs
 from rlvr.precision import CANARY_TOL
 from rlvr.prompts import render
 from rlvr.rollout.engine import WeightSyncError, canary_sequence, check_canary
@@ -14,7 +14,7 @@ from rlvr.rollout.hf_engine import TransformersEngine
 from rlvr.rollout.vllm_engine import VllmEngine
 from rlvr.types import Prompt
 
-from .conftest import compose_config, run_cli
+from .conftest import compose_config, run_cli, tiny_learner
 
 pytestmark = pytest.mark.slow
 
@@ -24,10 +24,7 @@ TOL = CANARY_TOL["float32"]
 
 @pytest.fixture(scope="module")
 def parts(cache_dir, tiny_path):
-    cfg = compose_config(["model=tiny", "optim.lr=1e-2", "rollout.temperature=0.7", "rollout.max_tokens=16"],
-                         cache_dir)
-    learner = Learner(tiny_path, cfg.optim, cfg.algorithm, cfg.trainer, cfg.rollout.temperature,
-                      cfg.rollout.max_tokens, "cpu")
+    cfg, learner = tiny_learner(cache_dir, tiny_path)
     engine = TransformersEngine(tiny_path, cfg.rollout, "float32", seed=0, device="cpu")
     ids = [render(learner.tokenizer, p) for p in PROMPTS]
     yield cfg, learner, engine, ids
