@@ -108,8 +108,7 @@ class Learner:
         self.temperature, self.max_tokens = temperature, max_tokens
         # The KL reference: with LoRA the base model with its adapters switched off, else a frozen copy.
         self.ref = None
-        self.uses_reference = algorithm.kl.coef > 0 or algorithm.kl.reward_coef > 0
-        if self.uses_reference and not self.lora:  # only built when used
+        if (algorithm.kl.coef > 0 or algorithm.kl.reward_coef > 0) and not self.lora:  # only built when used
             self.ref = AutoModelForCausalLM.from_pretrained(reference_path or model_path, dtype=torch.float32)
             self.ref.to(device).eval().requires_grad_(False)
         # Only what trains has optimizer state: every weight, or with LoRA the adapters alone.
@@ -321,10 +320,12 @@ def merged_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]
     names, computed without touching the model (merging in place and back would drift by rounding)."""
     from peft.tuners.lora import LoraLayer
 
-    deltas = {f"{name}.base_layer.weight": module.get_delta_weight(module.active_adapters[0])
-              for name, module in model.named_modules() if isinstance(module, LoraLayer)}
+    # each layer's delta is computed as its weight is yielded: one layer's extra memory at a time
+    lora_layers = {f"{name}.base_layer.weight": module for name, module in model.named_modules()
+                   if isinstance(module, LoraLayer)}
     for name, tensor in model.state_dict().items():
         if ".lora_" in name:
             continue
-        merged = tensor + deltas[name] if name in deltas else tensor
+        layer = lora_layers.get(name)
+        merged = tensor + layer.get_delta_weight(layer.active_adapters[0]) if layer is not None else tensor
         yield name.removeprefix("base_model.model.").replace(".base_layer.", "."), merged

@@ -67,7 +67,7 @@ class Engine(Protocol):
 
 def build_engine(model_path: Path, cfg: DictConfig, dtype: str, seed: int, device: str, cache_dir: Path) -> Engine:
     """The engine of `cfg.backend` (`cfg`: the rollout config) serving the model folder `model_path`
-    in `dtype` on `device`; `check_engine` has said it can run."""
+    in `dtype` on `device`; `check_backend` and `check_memory` have said it can run."""
     backend = cfg.backend
     if backend == "vllm":
         from rlvr.rollout.vllm_engine import VllmEngine
@@ -85,9 +85,8 @@ def build_engine(model_path: Path, cfg: DictConfig, dtype: str, seed: int, devic
 
 
 def check_backend(backend: str, device: str) -> None:
-    """Refuse, before any model loads, a `rollout.backend` that cannot run here, saying what can."""
-    if backend not in BACKENDS:
-        raise EngineConfigError(f"rollout.backend must be one of {BACKENDS}, got {backend!r}")
+    """Refuse, before any model loads, a `rollout.backend` that cannot run here, saying what can
+    (an unknown backend is refused by `rlvr.config.check`)."""
     if backend != "vllm":
         return
     import importlib.util

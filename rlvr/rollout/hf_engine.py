@@ -14,7 +14,6 @@ differently from the same seed).
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -24,8 +23,6 @@ from omegaconf import DictConfig
 from rlvr.errors import EngineError, WeightSyncError
 from rlvr.learner import token_logprobs
 from rlvr.types import Prompt, Rollout
-
-log = logging.getLogger(__name__)
 
 # Rows (samples) decoded together; a call with more runs in chunks of this many, so that the KV cache
 # of a large evaluation (prompts x eval.n_samples) stays bounded.
