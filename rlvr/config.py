@@ -152,6 +152,10 @@ class RolloutConfig:
     canary_tol: float | None = None
     dtype: str = "auto"
     backend: str = "vllm"
+    max_turns: int = 4
+    max_total_tokens: int | None = None
+    tool_timeout_s: float | None = 5.0
+    tool_output_chars: int = 1000
 
 
 @dataclass
@@ -207,6 +211,9 @@ class TrainConfig:
     trainer: TrainerConfig = MISSING
     logger: LoggerConfig = MISSING
     eval: EvalConfig = MISSING
+    # Tools the model may call (rlvr.tools): name -> {_target_, description, parameters, kwargs}; untyped
+    # here like reward terms (so that `+tools.NAME...` works), checked by rlvr.tools.load_tools.
+    tools: dict[str, Any] = field(default_factory=dict)
     seed: int = 0
     cache_dir: str = MISSING
 
@@ -312,6 +319,10 @@ def check(cfg: DictConfig, training: bool = True) -> None:
              "the learner scores the full softmax, so every ratio would be biased (rlvr eval may use top_p < 1)")
     need(cfg.trainer.device in DEVICES, "trainer.device", f"must be one of {DEVICES}")
     need(r.backend in BACKENDS, "rollout.backend", f"must be one of {BACKENDS}, got {r.backend!r}")
+    need(r.max_turns >= 1, "rollout.max_turns", "must be >= 1 (model turns per rollout when tools are configured)")
+    need(r.max_total_tokens is None or r.max_total_tokens >= r.max_tokens, "rollout.max_total_tokens",
+         f"must be >= rollout.max_tokens={r.max_tokens} (or null: up to rollout.max_model_len)")
+    need(r.tool_output_chars >= 1, "rollout.tool_output_chars", "must be >= 1")
     need(cfg.optim.lr > 0, "optim.lr", "must be > 0")
     need(cfg.model.lora.r >= 0, "model.lora.r", "must be >= 0 (0: no adapters, every weight trains)")
     need(0 <= cfg.model.lora.dropout < 1, "model.lora.dropout", "must be in [0, 1)")

@@ -17,7 +17,7 @@ from rlvr.config import check
 from rlvr.data import build_task
 from rlvr.precision import pick_device
 from rlvr.precision import resolve as resolve_precision
-from rlvr.prompts import PromptFit, render
+from rlvr.prompts import PromptFit
 from rlvr.rewards import Rewards
 from rlvr.types import Prompt, Rollout
 
@@ -46,7 +46,7 @@ def summarise(rollouts: list[Rollout], rewards: Rewards, prefix: str = "") -> di
     several), completion length and truncation rate."""
     n = len(rollouts)
     out = {f"{prefix}reward/mean": sum(r.reward for r in rollouts) / n}
-    for name in rewards.fns:
+    for name in rewards.weights:
         out[f"{prefix}reward/{name}"] = sum(r.rewards[name] for r in rollouts) / n
     out[f"{prefix}accuracy"] = sum(rewards.is_correct(r) for r in rollouts) / n
     levels: dict[str, list[bool]] = {}
@@ -56,25 +56,32 @@ def summarise(rollouts: list[Rollout], rewards: Rewards, prefix: str = "") -> di
     if len(levels) > 1:  # a task whose prompts carry meta["level"]: accuracy per level too
         for level, correct in sorted(levels.items()):
             out[f"{prefix}accuracy/{level}"] = sum(correct) / len(correct)
-    out[f"{prefix}completion_len/mean"] = sum(len(r.completion_ids) for r in rollouts) / n
+    out[f"{prefix}completion_len/mean"] = sum(sum(r.model_mask) for r in rollouts) / n  # the model's own tokens
     out[f"{prefix}truncated_frac"] = sum(r.finish_reason == "length" for r in rollouts) / n
+    if rollouts[0].conversation:  # multi-turn rollouts with tools
+        out[f"{prefix}tools/turns"] = sum(sum(m["role"] == "assistant" for m in r.conversation) for r in rollouts) / n
+        out[f"{prefix}tools/calls"] = sum(r.tool_calls for r in rollouts) / n
+        out[f"{prefix}tools/errors"] = sum(r.tool_errors for r in rollouts) / n
+        out[f"{prefix}tools/call_frac"] = sum(r.tool_calls > 0 for r in rollouts) / n  # rollouts calling a tool
+        out[f"{prefix}tokens/model"] = out[f"{prefix}completion_len/mean"]
+        out[f"{prefix}tokens/tool"] = sum(len(r.completion_mask) - sum(r.completion_mask) for r in rollouts) / n
     return out
 
 
-def greedy(engine, tokenizer, prompts: list[Prompt], rewards: Rewards) -> tuple[dict[str, float], list[Rollout]]:
-    """Greedy decoding on `prompts`: (eval/… metrics, the scored rollouts)."""
-    rollouts = engine.generate(prompts, [render(tokenizer, p) for p in prompts], n=1, seed=0, greedy=True,
-                               context="in the greedy evaluation")
+def greedy(generate, prompts: list[Prompt], prompt_ids: list[list[int]],
+           rewards: Rewards) -> tuple[dict[str, float], list[Rollout]]:
+    """Greedy decoding on `prompts` (token ids `prompt_ids`) by `generate` (`Engine.generate`'s
+    signature): (eval/… metrics, the scored rollouts)."""
+    rollouts = generate(prompts, prompt_ids, n=1, seed=0, greedy=True, context="in the greedy evaluation")
     rewards.score(rollouts)
     return summarise(rollouts, rewards, prefix="eval/"), rollouts
 
 
-def sampled(engine, tokenizer, prompts: list[Prompt], rewards: Rewards, n: int, ks: list[int],
+def sampled(generate, prompts: list[Prompt], prompt_ids: list[list[int]], rewards: Rewards, n: int, ks: list[int],
             seed: int) -> tuple[dict[str, float], list[Rollout]]:
     """`n` samples per prompt at the rollout temperature: pass@k for each k <= n, and mean@n
     (the share of all samples that are correct)."""
-    rollouts = engine.generate(prompts, [render(tokenizer, p) for p in prompts], n=n, seed=seed,
-                               context="in the sampled evaluation")
+    rollouts = generate(prompts, prompt_ids, n=n, seed=seed, context="in the sampled evaluation")
     rewards.score(rollouts)
     correct = [sum(rewards.is_correct(r) for r in rollouts[i * n : (i + 1) * n]) for i in range(len(prompts))]
     out = summarise(rollouts, rewards, prefix="eval_sampled/")
@@ -90,6 +97,8 @@ def sample_record(r: Rollout, rewards: Rewards, **extra) -> dict:
     return {**extra, "messages": r.prompt.messages, "answer": r.prompt.answer, "completion": r.text,
             "rewards": r.rewards, "reward": r.reward, "correct": rewards.is_correct(r),
             "finish_reason": r.finish_reason, "tokens": len(r.completion_ids),
+            **({"conversation": r.conversation, "tool_calls": r.tool_calls, "tool_errors": r.tool_errors}
+               if r.conversation else {}),
             **({"reward_errors": r.reward_errors} if r.reward_errors else {})}
 
 
@@ -99,24 +108,29 @@ def run_eval(cfg: DictConfig, run_dir: Path) -> dict[str, float]:
     from transformers import AutoTokenizer
 
     from rlvr.rollout.engine import build_engine, check_backend, check_memory
+    from rlvr.rollout.multiturn import build_tools, rollout_generator
 
     check(cfg, training=False)
     device = pick_device(cfg.trainer.device)
     check_backend(cfg.rollout.backend, device)
-    rewards = Rewards(cfg.reward)
+    rewards = Rewards(cfg.reward, device)
+    tools = build_tools(cfg)
     model_path = models.resolve(cfg.model, Path(cfg.cache_dir))
     task = build_task(cfg, model_path)
     precision = resolve_precision(cfg.trainer.precision, cfg.rollout.dtype, cfg.rollout.canary_tol, device)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
-    prompts, _ = PromptFit(tokenizer, cfg.rollout.max_model_len, cfg.rollout.max_tokens).eval_prompts(task.eval_prompts())
+    prompts, prompt_ids = PromptFit(tokenizer, cfg.rollout.max_model_len, cfg.rollout.max_tokens,
+                                    tools).eval_prompts(task.eval_prompts())
     start = time.perf_counter()
     check_memory(cfg.rollout, model_path, precision.engine_dtype, device)
     engine = build_engine(model_path, cfg.rollout, precision.engine_dtype, cfg.seed, device, Path(cfg.cache_dir))
+    generate = rollout_generator(engine, tokenizer, tools, cfg.rollout)
+    rewards.attach(engine, tokenizer)
     try:
-        metrics, greedy_rollouts = greedy(engine, tokenizer, prompts, rewards)
+        metrics, greedy_rollouts = greedy(generate, prompts, prompt_ids, rewards)
         sampled_rollouts: list[Rollout] = []
         if cfg.eval.n_samples > 0:
-            more, sampled_rollouts = sampled(engine, tokenizer, prompts, rewards, cfg.eval.n_samples,
+            more, sampled_rollouts = sampled(generate, prompts, prompt_ids, rewards, cfg.eval.n_samples,
                                              list(cfg.eval.ks), cfg.seed)
             metrics.update(more)
     finally:

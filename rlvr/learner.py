@@ -62,7 +62,8 @@ def make_batch(rollouts: list[Rollout], pad_id: int, mask_truncated: bool = Fals
         input_ids[i, : len(s)] = torch.tensor(s)
         attention_mask[i, : len(s)] = 1
         if not (mask_truncated and r.finish_reason == "length"):
-            loss_mask[i, p - 1 : p - 1 + c] = 1  # target position p-1 scores the first completion token
+            # target position p-1 scores the first completion token; tool results stay out of the loss
+            loss_mask[i, p - 1 : p - 1 + c] = torch.tensor(r.model_mask, dtype=loss_mask.dtype)
         old_logprobs[i, p - 1 : p - 1 + c] = torch.tensor(r.sampler_logprobs)
     new_group = [0] + [int(a.prompt_ids != b.prompt_ids) for a, b in zip(rollouts, rollouts[1:], strict=False)]
     groups = torch.tensor(new_group).cumsum(0)  # [N]

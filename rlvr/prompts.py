@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 
 from rlvr.errors import RlvrError
+from rlvr.tools import ToolBox
 from rlvr.types import Prompt
 
 log = logging.getLogger("rlvr")
@@ -24,17 +25,36 @@ class ContextError(RlvrError, ValueError):
     """A task's prompts do not fit the engine's context; the message names the keys to change."""
 
 
-def render(tokenizer, prompt: Prompt) -> list[int]:
-    """Token ids of a prompt through the model's chat template, ready for the assistant's turn."""
-    text = tokenizer.apply_chat_template(prompt.messages, tokenize=False, add_generation_prompt=True)
-    return tokenizer(text, add_special_tokens=False).input_ids
+def render(tokenizer, prompt: Prompt, tools: ToolBox | None = None) -> list[int]:
+    """Token ids of a prompt through the model's chat template, ready for the assistant's turn;
+    with `tools`, presented as `render_with_tools` does."""
+    return render_with_tools(tokenizer, prompt.messages, tools)
+
+
+def render_with_tools(tokenizer, messages: list[dict[str, str]], tools: ToolBox | None,
+                      tokenize: bool = True) -> list[int] | str:
+    """`messages` through the chat template with the assistant's turn opened, the tools presented by
+    the template's own `tools=` where it has one, else as text at the end of the system message
+    (`ToolBox.instructions`)."""
+    kwargs = {}
+    if tools is not None:
+        if tools.template_takes_tools(tokenizer):
+            kwargs["tools"] = tools.schemas()
+        elif messages and messages[0]["role"] == "system":
+            messages = [{"role": "system", "content": messages[0]["content"] + "\n\n" + tools.instructions()},
+                        *messages[1:]]
+        else:
+            messages = [{"role": "system", "content": tools.instructions()}, *messages]
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **kwargs)
+    return tokenizer(text, add_special_tokens=False).input_ids if tokenize else text
 
 
 class PromptFit:
     """Renders prompts and keeps those of at most `max_model_len - max_tokens` tokens."""
 
-    def __init__(self, tokenizer, max_model_len: int, max_tokens: int):
+    def __init__(self, tokenizer, max_model_len: int, max_tokens: int, tools: ToolBox | None = None):
         self.tokenizer, self.max_model_len, self.max_tokens = tokenizer, max_model_len, max_tokens
+        self.tools = tools  # presented in every prompt
         self.limit = max_model_len - max_tokens
         self.warned = False
 
@@ -42,7 +62,7 @@ class PromptFit:
         """(the prompts that fit, their token ids, the lengths of those that do not)."""
         kept, ids, long = [], [], []
         for p in prompts:
-            tokens = render(self.tokenizer, p)
+            tokens = render(self.tokenizer, p, self.tools)
             if len(tokens) <= self.limit:
                 kept.append(p)
                 ids.append(tokens)

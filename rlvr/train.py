@@ -51,13 +51,13 @@ from rlvr.precision import resolve as resolve_precision
 from rlvr.prompts import PromptFit
 from rlvr.rewards import Rewards
 from rlvr.rollout.engine import (
-    Engine,
     build_engine,
     canary_sequence,
     check_backend,
     check_canary,
     check_memory,
 )
+from rlvr.rollout.multiturn import Generate, build_tools, rollout_generator
 from rlvr.types import Rollout
 
 log = logging.getLogger("rlvr")
@@ -127,11 +127,11 @@ class Collected:
     dropped: int  # training prompts dropped as too long for the context
 
 
-def collect_groups(task: Task, fit: PromptFit, engine: Engine, rewards: Rewards,
+def collect_groups(task: Task, fit: PromptFit, generate: Generate, rewards: Rewards,
                    score: Callable[[list[Rollout]], tuple[torch.Tensor, dict[str, float]]],
                    cfg: DictConfig, step: int) -> Collected:
-    """Sample `data.batch_size` prompts that fit the context, generate a group for each, score it and
-    shape the scores (`score`).
+    """Sample `data.batch_size` prompts that fit the context, generate a group for each (`generate`:
+    the engine's, or multi-turn with tools), score it and shape the scores (`score`).
 
     With DAPO's dynamic sampling, groups whose shaped scores are all equal (advantage 0: no signal)
     are dropped and another `batch_size` prompts drawn, for at most `max_rounds` extra rounds; when the
@@ -149,9 +149,9 @@ def collect_groups(task: Task, fit: PromptFit, engine: Engine, rewards: Rewards,
         # Seeds depend only on (seed, step, round): a step's samples repeat exactly for a seed.
         seed = random.Random(f"{cfg.seed}-{step}-{round_}").randrange(2**31 - 2**20)
         t0 = time.perf_counter()
-        rollouts = engine.generate(prompts, prompt_ids, n=G, seed=seed, context=f"at step {step}")
+        rollouts = generate(prompts, prompt_ids, n=G, seed=seed, context=f"at step {step}")
         times["rollout"] += time.perf_counter() - t0
-        times["tokens"] += sum(len(r.completion_ids) for r in rollouts)
+        times["tokens"] += sum(sum(r.model_mask) for r in rollouts)
         t0 = time.perf_counter()
         rewards.score(rollouts)
         scores, shaping = score(rollouts)  # [P, G]
@@ -215,7 +215,8 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, float]:
     check(cfg)
     device = pick_device(cfg.trainer.device)
     check_backend(cfg.rollout.backend, device)
-    rewards = Rewards(cfg.reward)
+    rewards = Rewards(cfg.reward, device)
+    tools = build_tools(cfg)
     model_path = models.resolve(cfg.model, Path(cfg.cache_dir))
     task = build_task(cfg, model_path)
     precision = resolve_precision(cfg.trainer.precision, cfg.rollout.dtype, cfg.rollout.canary_tol, device)
@@ -237,7 +238,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, float]:
                       lora=lora, adapter_path=checkpoint.adapter(resume, lora is not None) if resume else None)
     tok = learner.tokenizer
     # Every prompt is checked against the engine's context before the engine starts.
-    fit = PromptFit(tok, cfg.rollout.max_model_len, cfg.rollout.max_tokens)
+    fit = PromptFit(tok, cfg.rollout.max_model_len, cfg.rollout.max_tokens, tools)
     eval_prompts, eval_ids = fit.eval_prompts(task.eval_prompts())
     fit.probe(task, cfg.data.batch_size)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -252,6 +253,8 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, float]:
     start = checkpoint.load_state(resume, learner, task, rewards) if resume else 0
     engine = build_engine(policy_path, cfg.rollout, precision.engine_dtype, cfg.seed, device, Path(cfg.cache_dir))
     engine_dtype = getattr(torch, precision.engine_dtype)
+    generate = rollout_generator(engine, tok, tools, cfg.rollout)
+    rewards.attach(engine, tok)  # a judge term without a model of its own asks the policy
     # A fixed sequence whose logprobs engine and learner must agree on after every sync.
     canary = canary_sequence(min(eval_ids, key=len), tok(CANARY_ANSWER, add_special_tokens=False).input_ids,
                              engine.block_size(), cfg.rollout.max_model_len)
@@ -270,12 +273,12 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, float]:
         log.info("checkpoint: %s", path)
         return path
 
-    monitor = DegenerationMonitor([t for t in rewards.fns if t != cfg.reward.correct_term])
+    monitor = DegenerationMonitor([t for t in rewards.weights if t != cfg.reward.correct_term])
     stop = GracefulStop()
     try:
         check_canary(engine, learner.sequence_logprobs, canary, precision.canary_tol)
         if start == 0:
-            first_eval = greedy(engine, tok, eval_prompts, rewards)[0]
+            first_eval = greedy(generate, eval_prompts, eval_ids, rewards)[0]
             logger.log(0, first_eval)
         else:
             log.info("resumed from %s at step %d", resume, start)
@@ -288,7 +291,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, float]:
             errors_before = rewards.errors
             # 1-3. prompts -> a group of G completions each -> rewards -> shaped scores (DAPO: keep groups
             # whose scores differ)
-            c = collect_groups(task, fit, engine, rewards, score, cfg, step)
+            c = collect_groups(task, fit, generate, rewards, score, cfg, step)
 
             # 4. group-relative advantages
             batch = make_batch(c.rollouts, learner.pad_id, mask_truncated=cfg.algorithm.overlong.mode == "mask")
@@ -316,7 +319,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, float]:
                 "reward/std": float(torch.tensor([r.reward for r in c.first_round]).std()),
                 # mean -log p of the sampled tokens: an unbiased estimate of the sampling distribution's entropy
                 "entropy/sampled": -sum(sum(r.sampler_logprobs) for r in c.first_round)
-                / max(sum(len(r.sampler_logprobs) for r in c.first_round), 1),
+                / max(sum(sum(r.model_mask) for r in c.first_round), 1),
                 "reward/errors": float(rewards.errors - errors_before),
                 # groups of the first round whose shaped scores are all equal: advantage 0, no signal
                 "groups/zero_adv_frac": float(advantages.flat_groups(c.first_scores).float().mean()),
@@ -340,7 +343,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, float]:
                 log.warning("step %d: engine/learner canary difference %.2g is above a tenth of the canary tolerance "
                             "%g (rollout.canary_tol)", step, canary_diff, precision.canary_tol)
             if cfg.trainer.eval_every and step % cfg.trainer.eval_every == 0 and step < cfg.trainer.max_steps:
-                logger.log(step, greedy(engine, tok, eval_prompts, rewards)[0])
+                logger.log(step, greedy(generate, eval_prompts, eval_ids, rewards)[0])
             if cfg.trainer.log_samples:
                 r = c.first_round[0]
                 log.info("sample (reward %.2f, answer %s): %r", r.reward, r.prompt.answer, r.text[:300])
@@ -366,7 +369,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, float]:
                             saved if saved else "auto", run_dir)
                 raise SystemExit(128 + stop.signal)
 
-        final_eval = greedy(engine, tok, eval_prompts, rewards)[0]
+        final_eval = greedy(generate, eval_prompts, eval_ids, rewards)[0]
         logger.log(cfg.trainer.max_steps, final_eval)
         logger.write_summary({"steps": cfg.trainer.max_steps, "wall_s": time.perf_counter() - t_start,
                               "first_eval": first_eval, "final_eval": final_eval, "last_step": metrics})

@@ -29,12 +29,24 @@ class Rollout:
     group: int  # index of its prompt in the step's batch; the G samples of a prompt share it
     prompt_ids: list[int]
     completion_ids: list[int]
-    sampler_logprobs: list[float]  # one per completion token, under the sampling temperature
+    sampler_logprobs: list[float]  # one per completion token, under the sampling temperature (0 off model_mask)
     text: str
     finish_reason: str  # "stop" (eos or stop string) | "length" (hit rollout.max_tokens)
     rewards: dict[str, float] = field(default_factory=dict)  # per term, unweighted
     reward: float = 0.0  # weighted total
     reward_errors: dict[str, str] = field(default_factory=dict)  # per failed term: what went wrong
+    # Multi-turn rollouts with tools (rlvr.rollout.tools); a single-turn rollout leaves these empty.
+    # completion_ids then holds every turn and tool result; 1 marks the model's own tokens (in the
+    # loss, with a sampler logprob), 0 the tokens rlvr appended (tool results, turn markers).
+    completion_mask: list[int] = field(default_factory=list)
+    conversation: list[dict[str, str]] = field(default_factory=list)  # the turns after the prompt
+    tool_calls: int = 0
+    tool_errors: int = 0
+
+    @property
+    def model_mask(self) -> list[int]:
+        """1 per completion token the model sampled (all of them in a single-turn rollout)."""
+        return self.completion_mask or [1] * len(self.completion_ids)
 
 
 @dataclass

@@ -68,7 +68,7 @@ def test_dynamic_sampling_keeps_groups_by_their_shaped_scores(cache_dir, tiny_pa
         return scores + bonus, metrics
 
     try:
-        c = collect_groups(task, fit, engine, rewards, score, cfg, step=1)
+        c = collect_groups(task, fit, engine.generate, rewards, score, cfg, step=1)
     finally:
         engine.close()
     assert all(r.reward == 0 for r in c.first_round)

@@ -4,6 +4,12 @@ A reward term is any `fn(completion: str, prompt: Prompt, **kwargs) -> float`, n
 `reward` config by dotted path (`_target_`) with a weight and keyword arguments. The total is the
 weighted sum of the terms; every term is also logged on its own as `reward/<name>`.
 
+A `_target_` that is a class is a batched term (model-based rewards, `rlvr.rewards.models`): it is
+built once at start from its kwargs (plus `device`, the learner's, when its constructor takes one and
+the config does not set it), then called once per batch, `term(completions, prompts) -> list[float]`,
+in this process. A term with an `attach(engine, tokenizer)` method gets the policy's engine once
+it runs (a judge that is the policy itself).
+
 A call that raises, returns a non-finite number, or runs past `reward.timeout_s` scores
 `reward.error_value` for that sample; it is counted (`reward/errors`), logged with the completion,
 and kept in the sample's record. With `reward.workers: 0` calls run in this process and the timeout
@@ -14,10 +20,9 @@ is a SIGALRM timer (it interrupts Python code, not a C call that never returns);
 from __future__ import annotations
 
 import functools
+import inspect
 import logging
 import math
-import signal
-import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -27,6 +32,7 @@ from omegaconf import DictConfig, OmegaConf
 from rlvr.config import COMBINE
 from rlvr.errors import RlvrError
 from rlvr.rewards.pool import Call, Outcome, RewardPool
+from rlvr.timeout import call_with_timeout
 from rlvr.types import Rollout
 
 if TYPE_CHECKING:  # imported where used: reward worker processes start without torch
@@ -39,10 +45,6 @@ SHOWN_ERRORS = 3  # detailed warnings per batch; the rest are counted
 
 class RewardError(RlvrError, ValueError):
     """A reward term that cannot be loaded; the message names the term."""
-
-
-class RewardTimeout(Exception):
-    """Raised inside a reward call that ran past `reward.timeout_s` (in-process mode)."""
 
 
 def combine(terms: dict[str, torch.Tensor], weights: dict[str, float], order: str = "sum_then_normalise",
@@ -70,9 +72,10 @@ def combine(terms: dict[str, torch.Tensor], weights: dict[str, float], order: st
 class Rewards:
     """The configured reward terms, loaded once at startup."""
 
-    def __init__(self, cfg: DictConfig):
-        self.weights: dict[str, float] = {}
-        self.fns: dict[str, Callable[..., float]] = {}
+    def __init__(self, cfg: DictConfig, device: str = "cpu"):
+        self.weights: dict[str, float] = {}  # every term, in config order
+        self.fns: dict[str, Callable[..., float]] = {}  # per-sample terms
+        self.batched: dict[str, Callable[[list[str], list], list[float]]] = {}  # class terms: a call per batch
         specs = {}
         for name, term in cfg.terms.items():
             try:
@@ -80,45 +83,56 @@ class Rewards:
             except Exception as e:  # hydra wraps the import error; say which term and path
                 raise RewardError(f"reward.terms.{name}._target_={term._target_!r} cannot be imported: {e}") from e
             kwargs = OmegaConf.to_container(term.kwargs) if term.get("kwargs") is not None else {}
+            self.weights[name] = float(term.get("weight", 1.0))  # RewardTerm's defaults (rlvr.config)
+            if inspect.isclass(fn):
+                if "device" in inspect.signature(fn).parameters and "device" not in kwargs:
+                    kwargs["device"] = device
+                try:
+                    self.batched[name] = fn(**kwargs)
+                except Exception as e:
+                    raise RewardError(f"reward.terms.{name} ({term._target_}) cannot start: {e}") from e
+                continue
             specs[name] = (term._target_, kwargs)
             self.fns[name] = functools.partial(fn, **kwargs)
-            self.weights[name] = float(term.get("weight", 1.0))  # RewardTerm's defaults (rlvr.config)
         self.correct_term = cfg.correct_term
         self.timeout_s = cfg.timeout_s or None
         self.error_value = float(cfg.error_value)
         self.order = cfg.combine
-        self.pool = RewardPool(specs, cfg.workers, self.timeout_s) if cfg.workers > 0 else None
+        self.pool = RewardPool(specs, cfg.workers, self.timeout_s) if cfg.workers > 0 and specs else None
         self.errors = 0  # calls that failed (raised, timed out, not finite), over the run
 
     def _call_here(self, name: str, completion: str, prompt) -> Outcome:
         """One call in this process, under a SIGALRM timer when this is the main thread."""
-        timed = self.timeout_s is not None and threading.current_thread() is threading.main_thread()
+        return call_with_timeout(lambda: float(self.fns[name](completion, prompt)), self.timeout_s)
 
-        def expire(signum, frame):
-            raise RewardTimeout
+    def attach(self, engine, tokenizer) -> None:
+        """Give the policy's engine (and its tokenizer) to the batched terms that use it."""
+        for term in self.batched.values():
+            if hasattr(term, "attach"):
+                term.attach(engine, tokenizer)
 
-        previous = signal.signal(signal.SIGALRM, expire) if timed else None
-        try:
-            if timed:
-                signal.setitimer(signal.ITIMER_REAL, self.timeout_s)
-            return float(self.fns[name](completion, prompt)), None
-        except RewardTimeout:
-            return None, f"timed out after {self.timeout_s:g} s"
-        except Exception as e:
-            return None, f"{type(e).__name__}: {e}"
-        finally:
-            if timed:
-                signal.setitimer(signal.ITIMER_REAL, 0)
-                signal.signal(signal.SIGALRM, previous)
+    def _call_batched(self, name: str, rollouts: list[Rollout]) -> list[Outcome]:
+        """One call of a batched term over all `rollouts`, under the timeout; a failure fails every sample."""
+        term = self.batched[name]
+        values, error = call_with_timeout(lambda: [float(v) for v in term([r.text for r in rollouts],
+                                                                          [r.prompt for r in rollouts])],
+                                          self.timeout_s and self.timeout_s * max(1, len(rollouts)))
+        if error is None and len(values) != len(rollouts):
+            error = f"returned {len(values)} scores for {len(rollouts)} completions"
+        return [(None, error)] * len(rollouts) if error is not None else [(v, None) for v in values]
 
     def score(self, rollouts: list[Rollout]) -> int:
         """Fill `rewards`, `reward` and `reward_errors` of each rollout; return how many calls failed."""
         calls: list[Call] = [(name, r.text, r.prompt) for r in rollouts for name in self.fns]
         outcomes = self.pool.run(calls) if self.pool else [self._call_here(*c) for c in calls]
+        per_sample = {(i // len(self.fns), name): outcome for i, ((name, _, _), outcome) in
+                      enumerate(zip(calls, outcomes, strict=True))}
+        for name in self.batched:
+            per_sample.update({(k, name): o for k, o in enumerate(self._call_batched(name, rollouts))})
         failed = 0
-        for i, (name, _, _) in enumerate(calls):
-            r = rollouts[i // len(self.fns)]
-            value, error = outcomes[i]
+        for k, name in sorted(per_sample, key=lambda key: (key[0], list(self.weights).index(key[1]))):
+            r = rollouts[k]
+            value, error = per_sample[k, name]
             if error is None and not math.isfinite(value):
                 error = f"returned {value}"
             if error is not None:
@@ -140,7 +154,7 @@ class Rewards:
         """Scores [P, G] for the advantages: the terms combined in `reward.combine`'s order."""
         import torch
 
-        terms = {n: torch.tensor([r.rewards[n] for r in rollouts]).view(-1, group_size) for n in self.fns}
+        terms = {n: torch.tensor([r.rewards[n] for r in rollouts]).view(-1, group_size) for n in self.weights}
         return combine(terms, self.weights, self.order)
 
     def is_correct(self, rollout: Rollout) -> bool:
@@ -149,3 +163,6 @@ class Rewards:
     def close(self) -> None:
         if self.pool:
             self.pool.close()
+        for term in self.batched.values():
+            if hasattr(term, "close"):
+                term.close()

@@ -27,6 +27,8 @@ from rlvr.types import Prompt, Rollout
 # Rows (samples) decoded together; a call with more runs in chunks of this many, so that the KV cache
 # of a large evaluation (prompts x eval.n_samples) stays bounded.
 ROWS_PER_BATCH = 256
+# Last tokens of a row decoded to look for a stop string (one the tokenizer spells in at most this many).
+STOP_WINDOW = 16
 
 
 class TransformersEngine:
@@ -47,7 +49,8 @@ class TransformersEngine:
         self.generator_device = "cuda" if torch.device(device).type == "cuda" else "cpu"
 
     def generate(self, prompts: list[Prompt], prompt_ids: list[list[int]], n: int, seed: int,
-                 greedy: bool = False, context: str = "") -> list[Rollout]:
+                 greedy: bool = False, context: str = "", stop: list[str] | None = None,
+                 max_tokens: list[int] | None = None) -> list[Rollout]:
         rows = [(i, j) for i in range(len(prompts)) for j in range(n)]
         out = []
         try:
@@ -56,7 +59,8 @@ class TransformersEngine:
                 distinct = sorted({i for i, _ in chunk})
                 out += self._decode([prompt_ids[i] for i in distinct], [distinct.index(i) for i, _ in chunk],
                                     [seed + i * n + j for i, j in chunk], temperature=self.cfg.temperature,
-                                    max_new=self.cfg.max_tokens, greedy=greedy)
+                                    max_new=[self.cfg.max_tokens if max_tokens is None else max_tokens[i]
+                                             for i, _ in chunk], greedy=greedy, stop=stop)
         except Exception as e:
             first = prompts[0].messages[-1]["content"][:200] if prompts and prompts[0].messages else ""
             raise EngineError(f"the transformers engine failed {context} on {len(prompts)} prompts x {n} samples "
@@ -68,10 +72,10 @@ class TransformersEngine:
 
     @torch.inference_mode()
     def _decode(self, prompts: list[list[int]], row_prompt: list[int], seeds: list[int], temperature: float,
-                max_new: int, greedy: bool = False,
-                ignore_eos: bool = False) -> list[tuple[list[int], list[float], str]]:
-        """Decode one row per entry of `row_prompt` (an index into `prompts`) to eos or `max_new`
-        tokens: (token ids, their logprobs, finish reason) per row.
+                max_new: list[int], greedy: bool = False, ignore_eos: bool = False,
+                stop: list[str] | None = None) -> list[tuple[list[int], list[float], str]]:
+        """Decode one row per entry of `row_prompt` (an index into `prompts`) to eos, a `stop` string
+        or its `max_new[row]` tokens: (token ids, their logprobs, finish reason) per row.
 
         Each distinct prompt is forwarded once and its keys and values are copied out to its rows.
         Prompts are left-padded to one width; positions count real tokens only, so a row computes as
@@ -96,7 +100,7 @@ class TransformersEngine:
         logprobs: list[list[float]] = [[] for _ in range(b)]
         reasons: list[str | None] = [None] * b
         chosen: list[int] = []
-        for step in range(max_new):
+        for step in range(max(max_new)):
             if step:
                 ids = torch.tensor([[t if reasons[r] is None else self.pad_id] for r, t in enumerate(chosen)],
                                    device=self.device)
@@ -114,6 +118,10 @@ class TransformersEngine:
                     logprobs[r].append(picked[r])
                     if chosen[r] in self.eos and not ignore_eos:
                         reasons[r] = "stop"
+                    elif stop and any(s in self.tokenizer.decode(tokens[r][-STOP_WINDOW:]) for s in stop):
+                        reasons[r] = "stop"
+                    elif len(tokens[r]) == max_new[r]:
+                        reasons[r] = "length"
             if all(reasons):
                 break
         return [(t, lp, reason or "length") for t, lp, reason in zip(tokens, logprobs, reasons, strict=True)]
@@ -144,7 +152,7 @@ class TransformersEngine:
         return token_logprobs(self.model, ids, torch.ones_like(ids))[0].float().cpu()
 
     def sample_continuation(self, token_ids: list[int], n_new: int, seed: int = 0) -> tuple[list[int], torch.Tensor]:
-        ids, logprobs, _ = self._decode([token_ids], [0], [seed], temperature=1.0, max_new=n_new, ignore_eos=True)[0]
+        ids, logprobs, _ = self._decode([token_ids], [0], [seed], temperature=1.0, max_new=[n_new], ignore_eos=True)[0]
         return ids, torch.tensor(logprobs)
 
     def block_size(self) -> int:

@@ -130,13 +130,14 @@ class VllmEngine:
             raise EngineError(f"the vLLM engine failed {what}: {type(e).__name__}: {e}") from e
 
     def generate(self, prompts: list[Prompt], prompt_ids: list[list[int]], n: int, seed: int,
-                 greedy: bool = False, context: str = "") -> list[Rollout]:
+                 greedy: bool = False, context: str = "", stop: list[str] | None = None,
+                 max_tokens: list[int] | None = None) -> list[Rollout]:
         """`n` completions of each prompt: one request per prompt (vLLM shares its KV across the group).
 
         vLLM seeds sample j of a request with the request's seed + j, so request i is seeded with
         `seed + i * n`: every sample of the call has a stream of its own (seed + i * n + j), and a
         step's samples repeat exactly for the same seed. `context` (e.g. "at step 7") goes into the
-        message should the engine fail.
+        message should the engine fail. `stop`, `max_tokens`: see `Engine.generate`.
         """
         from vllm import SamplingParams
 
@@ -145,9 +146,11 @@ class VllmEngine:
                 n=n,
                 temperature=0.0 if greedy else self.cfg.temperature,
                 top_p=1.0 if greedy else self.cfg.top_p,
-                max_tokens=self.cfg.max_tokens,
+                max_tokens=self.cfg.max_tokens if max_tokens is None else max_tokens[i],
                 logprobs=0,  # the sampled token's own logprob
                 seed=seed + i * n,
+                stop=stop,
+                include_stop_str_in_output=True,
             )
             for i in range(len(prompts))
         ]
