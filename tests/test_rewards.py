@@ -183,7 +183,7 @@ def test_weighted_total_and_a_raising_term_is_counted_not_fatal():
     rewards = _rewards({
         "correct": {"_target_": "rlvr.rewards.answer.correct", "weight": 1.0, "kwargs": {}},
         "format": {"_target_": "rlvr.rewards.answer.answer_format", "weight": 0.5, "kwargs": {}},
-        "broken": {"_target_": "builtins.int", "weight": 1.0, "kwargs": {}},  # int(text, prompt) raises
+        "broken": {"_target_": "math.sqrt", "weight": 1.0, "kwargs": {}},  # sqrt(text, prompt) raises
     })
     r = Rollout(prompt=P, group=0, prompt_ids=[], completion_ids=[], sampler_logprobs=[],
                 text="<answer>1932</answer>", finish_reason="stop")

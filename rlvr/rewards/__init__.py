@@ -69,6 +69,14 @@ def combine(terms: dict[str, torch.Tensor], weights: dict[str, float], order: st
     return sum(weights[n] * t for n, t in terms.items())
 
 
+def _parameters(fn) -> list[str]:
+    """The names `fn` takes, or none where Python cannot read its signature (builtins such as `int`)."""
+    try:
+        return list(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        return []
+
+
 class Rewards:
     """The configured reward terms, loaded once at startup."""
 
@@ -85,7 +93,7 @@ class Rewards:
             kwargs = OmegaConf.to_container(term.kwargs) if term.get("kwargs") is not None else {}
             self.weights[name] = float(term.get("weight", 1.0))  # RewardTerm's defaults (rlvr.config)
             if inspect.isclass(fn):
-                if "device" in inspect.signature(fn).parameters and "device" not in kwargs:
+                if "device" in _parameters(fn) and "device" not in kwargs:
                     kwargs["device"] = device
                 try:
                     self.batched[name] = fn(**kwargs)
