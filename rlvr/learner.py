@@ -12,6 +12,7 @@ import torch
 from omegaconf import DictConfig
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from rlvr import distributed
 from rlvr.algorithms.losses import (
     Normaliser,
     aggregate,
@@ -112,6 +113,10 @@ class Learner:
         if (algorithm.kl.coef > 0 or algorithm.kl.reward_coef > 0) and not self.lora:  # only built when used
             self.ref = AutoModelForCausalLM.from_pretrained(reference_path or model_path, dtype=torch.float32)
             self.ref.to(device).eval().requires_grad_(False)
+        if distributed.world_size() > 1:  # a process group: each rank holds a shard (rlvr.distributed)
+            if self.lora:
+                raise ModelError("LoRA is not supported across processes yet: use one process, or model.lora.r=0")
+            distributed.shard(self.model)
         # Only what trains has optimizer state: every weight, or with LoRA the adapters alone.
         self.optimizer = torch.optim.AdamW([p for p in self.model.parameters() if p.requires_grad], lr=optim.lr,
                                            betas=tuple(optim.betas), weight_decay=optim.weight_decay)
@@ -140,7 +145,7 @@ class Learner:
         in `dtype` (the engine's) or the float32 masters themselves; with LoRA, merged (base + adapter)."""
         if self.lora:
             return ((name, p.to(dtype)) for name, p in merged_weights(self.model))
-        return ((name, p.detach().to(dtype)) for name, p in self.model.state_dict().items())
+        return ((name, distributed.full(p).detach().to(dtype)) for name, p in self.model.state_dict().items())
 
     def autocast(self):
         """bf16 autocast for a forward (and its backward) under bf16-mixed; nothing under fp32."""
@@ -177,8 +182,12 @@ class Learner:
         out = torch.zeros_like(batch.old_logprobs)
         model = self.ref if reference and not self.lora else self.model
         with self.model.disable_adapter() if reference and self.lora else contextlib.nullcontext():
-            for start in range(0, len(batch), self.trainer.micro_batch_size):
-                rows = slice(start, start + self.trainer.micro_batch_size)
+            starts = range(0, len(batch), self.trainer.micro_batch_size)
+            for k in range(int(distributed.global_max(len(starts)))):  # as many passes as every other rank
+                if k >= len(starts):
+                    self._forward(model, batch.select(slice(0, 1)))  # nothing left here: a pass to match theirs
+                    continue
+                rows = slice(starts[k], starts[k] + self.trainer.micro_batch_size)
                 logp, _, width = self._forward(model, batch.select(rows))
                 out[rows, : width - 1] = logp.cpu()
         return out
@@ -241,14 +250,18 @@ class Learner:
         the update equals the one over the whole mini-batch.
         """
         a = self.algo
-        norm = Normaliser(tokens=int(batch.loss_mask.sum()), sequences=len(batch), max_tokens=self.max_tokens)
+        # Across processes the batch is the union of every rank's part (rlvr.distributed).
+        tokens, sequences = distributed.global_sum([float(batch.loss_mask.sum()), float(len(batch))])
+        norm = Normaliser(tokens=int(tokens), sequences=int(sequences), max_tokens=self.max_tokens)
         rows = torch.arange(len(batch))
         if a.kl.coef == 0:
             rows = rows[batch.advantages != 0]
         self.optimizer.zero_grad(set_to_none=True)
         out = dict.fromkeys(("loss", "kl", "clipped", "tokens", "mismatch_sum", "mismatch_max"), 0.0)
-        for start in range(0, len(rows), self.trainer.micro_batch_size):
-            sel = rows[start : start + self.trainer.micro_batch_size]
+        starts = range(0, len(rows), self.trainer.micro_batch_size)
+        for k in range(int(distributed.global_max(len(starts)))):  # as many passes as every other rank
+            matching = k >= len(starts)  # nothing left here: one row at zero weight, to match the others' passes
+            sel = torch.arange(1) if matching else rows[starts[k] : starts[k] + self.trainer.micro_batch_size]
             part = batch.select(sel)
             logp, mask, width = self._forward(self.model, part)  # [n, t]
             old = anchor[sel, : width - 1].to(self.device)  # [n, t]
@@ -263,9 +276,12 @@ class Learner:
             if ref is not None:
                 kl = kl_penalty(logp, ref[sel, : width - 1].to(self.device), mask, a.kl.estimator)
                 per_token = per_token + a.kl.coef * kl
-                out["kl"] += float((kl.detach() * mask).sum()) / max(norm.tokens, 1)
+                out["kl"] += 0.0 if matching else float((kl.detach() * mask).sum()) / max(norm.tokens, 1)
             loss = aggregate(per_token, mask, a.loss_agg, norm)
-            loss.backward()
+            if matching:
+                (loss * 0.0).backward()
+                continue
+            (loss * distributed.world_size()).backward()  # FSDP2 averages the ranks' gradients: undo it
             out["loss"] += float(loss.detach())
             out["clipped"] += float((was_clipped * mask).sum())
             out["tokens"] += float(mask.sum())
@@ -273,8 +289,12 @@ class Learner:
             out["mismatch_sum"] += float(gap.sum())
             out["mismatch_max"] = max(out["mismatch_max"], float(gap.max()) if gap.numel() else 0.0)
         trained = [p for group in self.optimizer.param_groups for p in group["params"]]
-        out["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(trained, self.optim_cfg.max_grad_norm))
+        out["grad_norm"] = float(distributed.full(torch.nn.utils.clip_grad_norm_(trained, self.optim_cfg.max_grad_norm)))
         out["sequences"] = float(len(rows))
+        if distributed.world_size() > 1:  # the whole batch's figures
+            summed = ("loss", "kl", "clipped", "tokens", "mismatch_sum", "sequences")
+            out.update(zip(summed, distributed.global_sum([out[k] for k in summed]), strict=True))
+            out["mismatch_max"] = distributed.global_max(out["mismatch_max"])
         stepped = math.isfinite(out["grad_norm"]) and math.isfinite(out["loss"])
         if stepped:
             self.optimizer.step()

@@ -56,11 +56,11 @@ def _batch(learner: Learner, groups=3, group_size=4, seed=0):
     return batch
 
 
-def _compare(full: Learner, shared: Learner, batch, logprob_tol=1e-5, grad_rtol=1e-4):
+def _compare(full: Learner, shared: Learner, batch, logprob_tol=1e-5, grad_rtol=1e-4, loss_rtol=1e-5):
     logp_full, logp_shared = full.batch_logprobs(batch), shared.batch_logprobs(batch)
     assert ((logp_full - logp_shared) * batch.loss_mask).abs().max().item() < logprob_tol
     a, b = full.step(batch), shared.step(batch)
-    assert a["loss"] == pytest.approx(b["loss"], rel=1e-5, abs=1e-7)
+    assert a["loss"] == pytest.approx(b["loss"], rel=loss_rtol, abs=1e-7)
     assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4)
     assert b["learn/tokens"] < a["learn/tokens"]  # the prompts were forwarded once per group
     grads_full = dict(full.model.named_parameters())
@@ -89,8 +89,10 @@ def test_shared_prefix_equals_full_rows_on_the_default_model(cache_dir, smollm2_
     extra = [f"algorithm={preset}", "trainer.micro_batch_size=5", "algorithm.kl.coef=0.05"]
     full = _learner(cache_dir, smollm2_path, False, *extra)
     shared = _learner(cache_dir, smollm2_path, True, *extra)
-    # float32 sums in another order over 30 layers: logprobs of -5..-25 agree to ~1e-5
-    _compare(full, shared, _batch(full, groups=2), logprob_tol=1e-4, grad_rtol=1e-3)
+    # float32 sums in another order over 30 layers: logprobs of -5..-25 agree to ~1e-5, and GSPO's
+    # sequence ratio (exp of a mean) carries that into a loss that agreed to 1.2e-5 relative on an
+    # AVX-512 Xeon (its kernels sum in another order than AVX2's)
+    _compare(full, shared, _batch(full, groups=2), logprob_tol=1e-4, grad_rtol=1e-3, loss_rtol=1e-4)
 
 
 def test_auto_turns_it_on_only_for_tested_model_families():
