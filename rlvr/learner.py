@@ -177,19 +177,21 @@ class Learner:
             return token_logprobs(model, ids, attn, self.temperature, start), mask, width
 
     @torch.no_grad()
-    def batch_logprobs(self, batch: Batch, reference: bool = False) -> torch.Tensor:
-        """Logprobs [N, T-1] of every target token under the policy (or the frozen reference), no grad."""
+    def batch_logprobs(self, batch: Batch, reference: bool = False, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """Logprobs [N, T-1] of every target token under the policy (or the frozen reference), no grad;
+        only of the sequences `rows` (default: all), the others left at 0."""
         out = torch.zeros_like(batch.old_logprobs)
+        rows = torch.arange(len(batch)) if rows is None else rows
         model = self.ref if reference and not self.lora else self.model
         with self.model.disable_adapter() if reference and self.lora else contextlib.nullcontext():
-            starts = range(0, len(batch), self.trainer.micro_batch_size)
+            starts = range(0, len(rows), self.trainer.micro_batch_size)
             for k in range(int(distributed.global_max(len(starts)))):  # as many passes as every other rank
                 if k >= len(starts):
                     self._forward(model, batch.select(slice(0, 1)))  # nothing left here: a pass to match theirs
                     continue
-                rows = slice(starts[k], starts[k] + self.trainer.micro_batch_size)
-                logp, _, width = self._forward(model, batch.select(rows))
-                out[rows, : width - 1] = logp.cpu()
+                sel = rows[starts[k] : starts[k] + self.trainer.micro_batch_size]
+                logp, _, width = self._forward(model, batch.select(sel))
+                out[sel, : width - 1] = logp.cpu()
         return out
 
     def step(self, batch: Batch) -> dict[str, float]:
@@ -202,8 +204,11 @@ class Learner:
         a = self.algo
         self.tokens = 0
         anchor, tis = batch.old_logprobs, None
-        if self.tis_cap is not None:
-            anchor = self.batch_logprobs(batch)
+        # The sequences the update runs: without a KL term, those whose advantage is not zero.
+        scored = torch.arange(len(batch)) if a.kl.coef > 0 else torch.nonzero(batch.advantages != 0).flatten()
+        if self.tis_cap is not None:  # the learner's own old logprobs, of the sequences the update uses
+            anchor = batch.old_logprobs.clone()
+            anchor[scored] = self.batch_logprobs(batch, rows=scored)[scored]
             tis = tis_weight(anchor, batch.old_logprobs, batch.loss_mask, self.tis_cap)
         # The frozen reference's logprobs do not change over epochs: one forward for the whole batch.
         ref = self.batch_logprobs(batch, reference=True) if a.kl.coef > 0 else None
@@ -216,11 +221,11 @@ class Learner:
         lr = self.scheduler.get_last_lr()[0]  # the rate every update of this step used
         self.scheduler.step()  # the schedule (warmup) counts RL steps, not optimizer steps
         # Engine/learner mismatch: logprobs of the sampled tokens under the learner before any update,
-        # over the sequences the learner ran: all of them with TIS (it scores the whole batch first),
-        # else those of the first mini-batch it ran (non-zero advantage, or all with a KL term).
-        gap = ((anchor - batch.old_logprobs).abs() * batch.loss_mask) if tis is not None else None
+        # over the sequences the learner ran: all it scored first with TIS, else those of the first
+        # mini-batch it ran (non-zero advantage, or all with a KL term).
+        gap = ((anchor - batch.old_logprobs).abs() * batch.loss_mask)[scored] if tis is not None else None
         first = stats[0]
-        tokens = float(batch.loss_mask.sum())
+        tokens = float(batch.loss_mask[scored].sum())
         out = {
             "loss": sum(s["loss"] for s in stats) / len(stats),
             "kl": None if a.kl.coef == 0 else sum(s["kl"] for s in stats) / len(stats),

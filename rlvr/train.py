@@ -274,6 +274,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, float]:
         return path
 
     monitor = DegenerationMonitor([t for t in rewards.weights if t != cfg.reward.correct_term])
+    canary_warned = False
     stop = GracefulStop()
     try:
         check_canary(engine, learner.sequence_logprobs, canary, precision.canary_tol)
@@ -339,9 +340,11 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, float]:
             logger.log(step, metrics)
             if metrics["groups/zero_adv_frac"] == 1.0 and not cfg.algorithm.dynamic_sampling.enabled:
                 log.warning("step %d: every group's rewards were all equal: no learning signal this step", step)
-            if canary_diff > 0.1 * precision.canary_tol:
+            if canary_diff > 0.1 * precision.canary_tol and not canary_warned:  # once: in bf16 it may hold all run
+                canary_warned = True
                 log.warning("step %d: engine/learner canary difference %.2g is above a tenth of the canary tolerance "
-                            "%g (rollout.canary_tol)", step, canary_diff, precision.canary_tol)
+                            "%g (rollout.canary_tol; said once, sync/logprob_max_diff has every step's)",
+                            step, canary_diff, precision.canary_tol)
             if cfg.trainer.eval_every and step % cfg.trainer.eval_every == 0 and step < cfg.trainer.max_steps:
                 logger.log(step, greedy(generate, eval_prompts, eval_ids, rewards)[0])
             if cfg.trainer.log_samples:

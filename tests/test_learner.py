@@ -116,3 +116,14 @@ def test_gspo_preset_is_not_clipped_by_the_engine_learner_mismatch(cache_dir, ti
     assert preset.step(mismatched_batch(preset))["clip_frac"] == 0.0
     sampler_anchor = _learner(cache_dir, tiny_path, "algorithm=gspo", "algorithm.tis_cap=null")
     assert sampler_anchor.step(mismatched_batch(sampler_anchor))["clip_frac"] > 0.2
+
+
+def test_tis_scores_only_the_sequences_the_update_runs(cache_dir, tiny_path):
+    """The learner's own old logprobs (TIS) are computed for the sequences with a non-zero advantage only
+    (the update never reads the others): the pre-pass costs exactly as many tokens as the update itself."""
+    batch = _batch()
+    assert (batch.advantages == 0).any() and (batch.advantages != 0).any()
+    with_tis = _learner(cache_dir, tiny_path, "algorithm.tis_cap=2.0").step(batch)
+    without = _learner(cache_dir, tiny_path, "algorithm.tis_cap=null").step(_batch())
+    assert with_tis["learn/tokens"] == 2 * without["learn/tokens"]
+    assert with_tis["mismatch/tokens"] == float(batch.loss_mask[batch.advantages != 0].sum())
