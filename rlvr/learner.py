@@ -155,10 +155,15 @@ class Learner:
 
     @torch.no_grad()
     def sequence_logprobs(self, token_ids: list[int]) -> torch.Tensor:
-        """Logprobs [len - 1] of tokens 1.. of one sequence at temperature 1 (for the canary)."""
+        """Logprobs [len - 1] of tokens 1.. of one sequence at temperature 1 (for the canary), without
+        dropout: the deterministic policy the engine serves."""
         ids = torch.tensor([token_ids], device=self.device)
-        with self.autocast():
-            return token_logprobs(self.model, ids, torch.ones_like(ids))[0]
+        self.model.eval()
+        try:
+            with self.autocast():
+                return token_logprobs(self.model, ids, torch.ones_like(ids))[0]
+        finally:
+            self.model.train()
 
     def _forward(self, model: torch.nn.Module, part: Batch) -> tuple[torch.Tensor, torch.Tensor, int]:
         """(logprobs [n, t], loss mask [n, t], width) of a micro-batch, trimmed of all-padding columns."""

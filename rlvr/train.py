@@ -50,13 +50,7 @@ from rlvr.precision import pick_device
 from rlvr.precision import resolve as resolve_precision
 from rlvr.prompts import PromptFit
 from rlvr.rewards import Rewards
-from rlvr.rollout.engine import (
-    build_engine,
-    canary_sequence,
-    check_backend,
-    check_canary,
-    check_memory,
-)
+from rlvr.rollout.engine import Canary, build_engine, canary_sequence, check_backend, check_memory
 from rlvr.rollout.multiturn import Generate, build_tools, rollout_generator
 from rlvr.types import Rollout
 
@@ -256,8 +250,8 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, float]:
     generate = rollout_generator(engine, tok, tools, cfg.rollout)
     rewards.attach(engine, tok)  # a judge term without a model of its own asks the policy
     # A fixed sequence whose logprobs engine and learner must agree on after every sync.
-    canary = canary_sequence(min(eval_ids, key=len), tok(CANARY_ANSWER, add_special_tokens=False).input_ids,
-                             engine.block_size(), cfg.rollout.max_model_len)
+    canary = Canary(canary_sequence(min(eval_ids, key=len), tok(CANARY_ANSWER, add_special_tokens=False).input_ids,
+                                    engine.block_size(), cfg.rollout.max_model_len), precision.canary_tol)
 
     def score(rollouts: list[Rollout]) -> tuple[torch.Tensor, dict[str, float]]:
         return shaped_scores(rollouts, rewards, learner, cfg)
@@ -277,7 +271,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, float]:
     canary_warned = False
     stop = GracefulStop()
     try:
-        check_canary(engine, learner.sequence_logprobs, canary, precision.canary_tol)
+        canary.check(engine, learner.sequence_logprobs)
         if start == 0:
             first_eval = greedy(generate, eval_prompts, eval_ids, rewards)[0]
             logger.log(0, first_eval)
@@ -308,7 +302,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, float]:
             t0 = time.perf_counter()
             engine.load_weights(learner.named_weights(engine_dtype))
             t_sync = time.perf_counter() - t0
-            canary_diff = check_canary(engine, learner.sequence_logprobs, canary, precision.canary_tol)
+            canary_diff = canary.check(engine, learner.sequence_logprobs)
 
             # 7. log: reward and accuracy of the first round, an unfiltered sample of the policy
             metrics = summarise(c.first_round, rewards)

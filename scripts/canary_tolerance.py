@@ -1,5 +1,7 @@
 """Measure what the weight-sync canary sees, per precision: the honest engine/learner difference
-after real syncs, and the difference after one missed sync or one corrupted weight.
+after real syncs, and the difference after one missed sync or one corrupted weight; and how the
+canary's second check (`rlvr.rollout.engine.Canary`: the engine's logprobs must move when the
+learner's do, bit for bit) judges the missed and the honest syncs.
 
     python scripts/canary_tolerance.py                       # tiny and default model, fp32 and bf16-mixed
     python scripts/canary_tolerance.py --models tiny --updates 3
@@ -8,7 +10,8 @@ For each model and precision: the learner (float32 masters, bf16 autocast under 
 engine (float32 or bfloat16 weights) start from the same weights; each round takes one real update
 on real rollouts of `+experiment=multiplication` (its learning rate), then measures the canary with
 the update held back from the engine (a missed sync), then syncs and measures it again (honest). A
-tolerance means something only where every honest difference is below every faulty one.
+tolerance means something only where every honest difference is below every faulty one; the
+bit-for-bit check must catch every missed sync and flag no honest one.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ def measure(model: str, precision_name: str, updates: int) -> dict[str, list[flo
     from rlvr.precision import resolve
     from rlvr.prompts import render
     from rlvr.rewards import Rewards
-    from rlvr.rollout.engine import canary_sequence, check_canary
+    from rlvr.rollout.engine import canary_logprobs, canary_sequence
     from rlvr.rollout.vllm_engine import VllmEngine
 
     register()
@@ -50,8 +53,17 @@ def measure(model: str, precision_name: str, updates: int) -> dict[str, list[flo
     prompt = render(tok, task.eval_prompts()[0])
     canary = canary_sequence(prompt, tok(" <answer>42</answer>", add_special_tokens=False).input_ids,
                              engine.block_size(), cfg.rollout.max_model_len)
-    out = {"honest": [check_canary(engine, learner.sequence_logprobs, canary, float("inf"))], "missed": [],
-           "corrupted": []}
+    n = len(canary) - 1  # the sequence's own positions, the same tokens at every check
+
+    def measure_now() -> tuple[float, torch.Tensor, torch.Tensor]:
+        engine_lp, learner_lp = canary_logprobs(engine, learner.sequence_logprobs, canary)
+        return (engine_lp - learner_lp).abs().max().item(), engine_lp[:n], learner_lp[:n]
+
+    def moved_alone(now, last) -> bool:  # Canary's second check: the learner moved, the engine did not
+        return not torch.equal(now[2], last[2]) and torch.equal(now[1], last[1])
+
+    last = measure_now()
+    out = {"honest": [last[0]], "missed": [], "corrupted": [], "missed caught": [], "honest flagged": []}
     try:
         for step in range(updates):
             prompts = task.sample(cfg.data.batch_size)
@@ -62,9 +74,14 @@ def measure(model: str, precision_name: str, updates: int) -> dict[str, list[flo
             adv = advantages.compute(rewards.scores(rollouts, cfg.algorithm.group_size), "grpo", 1e-6)
             batch.advantages = adv.flatten() if adv.abs().sum() > 0 else torch.randn(len(batch))
             learner.step(batch)
-            out["missed"].append(check_canary(engine, learner.sequence_logprobs, canary, float("inf")))
+            missed = measure_now()
+            out["missed"].append(missed[0])
+            out["missed caught"].append(float(moved_alone(missed, last)))
             engine.load_weights(learner.named_weights(dtype))
-            out["honest"].append(check_canary(engine, learner.sequence_logprobs, canary, float("inf")))
+            honest = measure_now()
+            out["honest"].append(honest[0])
+            out["honest flagged"].append(float(moved_alone(honest, last)))
+            last = honest
         # one corrupted weight: a single entry of the last MLP's down projection, off by 10 %
         name, weight = [(n, p) for n, p in learner.model.named_parameters() if "down_proj" in n][-1]
         weights = dict(learner.named_weights(dtype))
@@ -72,7 +89,7 @@ def measure(model: str, precision_name: str, updates: int) -> dict[str, list[flo
         bad.view(-1)[0] *= 1.1
         weights[name] = bad
         engine.load_weights(weights.items())
-        out["corrupted"].append(check_canary(engine, learner.sequence_logprobs, canary, float("inf")))
+        out["corrupted"].append(measure_now()[0])
     finally:
         engine.close()
         rewards.close()
@@ -89,12 +106,14 @@ def main() -> int:
     for model in args.models.split(","):
         for precision in args.precisions.split(","):
             r = measure(model, precision, args.updates)
-            rows.append((model, precision, max(r["honest"]), min(r["missed"]), r["corrupted"][0]))
+            rows.append((model, precision, max(r["honest"]), min(r["missed"]), r["corrupted"][0],
+                         f"{sum(r['missed caught']):.0f}/{args.updates}", f"{sum(r['honest flagged']):.0f}/{args.updates}"))
             print(model, precision, {k: [f"{x:.2g}" for x in v] for k, v in r.items()}, flush=True)
-    print("\n| model | precision | honest diff (max) | one missed sync (min) | one corrupted weight |")
-    print("|---|---|---|---|---|")
-    for model, precision, honest, missed, corrupted in rows:
-        print(f"| {model} | {precision} | {honest:.2g} | {missed:.2g} | {corrupted:.2g} |")
+    print("\n| model | precision | honest diff (max) | one missed sync (min) | one corrupted weight "
+          "| missed syncs caught bit-for-bit | honest syncs flagged |")
+    print("|---|---|---|---|---|---|---|")
+    for model, precision, honest, missed, corrupted, caught, flagged in rows:
+        print(f"| {model} | {precision} | {honest:.2g} | {missed:.2g} | {corrupted:.2g} | {caught} | {flagged} |")
     return 0
 
 

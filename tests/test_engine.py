@@ -8,7 +8,7 @@ import torch
 from rlvr.learner import make_batch, token_logprobs
 from rlvr.precision import CANARY_TOL
 from rlvr.prompts import render
-from rlvr.rollout.engine import EngineError, WeightSyncError, canary_sequence, check_canary
+from rlvr.rollout.engine import Canary, EngineError, WeightSyncError, canary_sequence, check_canary
 from rlvr.rollout.vllm_engine import VllmEngine
 from rlvr.types import Prompt
 
@@ -85,6 +85,26 @@ def test_sync_serves_new_weights_and_a_skipped_sync_is_caught(parts):
         check_canary(engine, learner.sequence_logprobs, canary, tol)
     engine.load_weights(learner.named_weights())  # and a real sync mends it
     assert check_canary(engine, learner.sequence_logprobs, canary, tol) <= tol
+
+
+def test_a_missed_sync_is_caught_whatever_the_tolerance(parts):
+    """The engine's canary logprobs must move when the learner's do. With a tolerance too wide to see
+    any difference (bf16's kernel noise forces a wide one: README, Mixed precision), a missed sync is
+    still caught; checks with nothing changed on either side, and an honest sync, pass."""
+    cfg, learner, engine = parts
+    engine.load_weights(learner.named_weights())
+    canary = Canary(canary_sequence(render(learner.tokenizer, PROMPTS[0]), [5, 6, 7, 8], engine.block_size(), 1024),
+                    float("inf"))
+    canary.check(engine, learner.sequence_logprobs)
+    canary.check(engine, learner.sequence_logprobs)  # the same weights on both sides: bit-for-bit the same
+    learner.step(_batch(learner, _generate(learner, engine, seed=21)))
+    engine.load_weights(learner.named_weights())
+    canary.check(engine, learner.sequence_logprobs)  # an honest sync
+    learner.step(_batch(learner, _generate(learner, engine, seed=22)))
+    with pytest.raises(WeightSyncError, match="did not reach the engine"):
+        canary.check(engine, learner.sequence_logprobs)  # the update the engine never heard of
+    engine.load_weights(learner.named_weights())
+    canary.check(engine, learner.sequence_logprobs)
 
 
 def test_a_stale_prefix_cache_is_caught(parts):

@@ -37,11 +37,19 @@ def _no_load(self, named_tensors):
 
 # The faults are in rlvr's own sync code, which cannot be broken for real from outside: the real engine
 # and the real loop run, only VllmEngine.load_weights is replaced by a faulty version of itself.
-@pytest.mark.parametrize("sabotage", [_no_load, _no_reset], ids=["no_load", "no_prefix_cache_reset"])
-def test_a_sabotaged_sync_stops_the_run_with_the_canary_message(tmp_path, cache_dir, monkeypatch, sabotage):
+@pytest.mark.parametrize(("sabotage", "precision", "message"), [
+    (_no_load, "fp32", r"canary sequence differ from the learner.s by .* \(> the canary tolerance 0.001"),
+    (_no_reset, "fp32", r"canary sequence differ from the learner.s by .* \(> the canary tolerance 0.001"),
+    # bf16: the tolerance (1.0) is above what one update changes; the engine's logprobs not moving is caught
+    (_no_load, "bf16-mixed", r"bit-for-bit those of the last check, while the learner.s moved .* did not reach the engine"),
+], ids=["no_load", "no_prefix_cache_reset", "no_load_bf16"])
+def test_a_sabotaged_sync_stops_the_run_with_the_canary_message(tmp_path, cache_dir, monkeypatch, sabotage,
+                                                                 precision, message):
     monkeypatch.setattr(VllmEngine, "load_weights", sabotage)
-    cfg = compose_config([*SMALL, "reward=digits", "optim.lr=1e-2", "trainer.max_steps=3"], cache_dir)
-    with pytest.raises(WeightSyncError, match=r"canary sequence differ from the learner.s by .* \(> the canary tolerance 0.001"):
+    lr = "1e-2" if precision == "fp32" else "1e-4"  # bf16: an update whose effect stays inside the tolerance
+    cfg = compose_config([*SMALL, "reward=digits", f"optim.lr={lr}", "trainer.max_steps=3",
+                          f"trainer.precision={precision}"], cache_dir)
+    with pytest.raises(WeightSyncError, match=message):
         train(cfg, tmp_path / "run")
     steps = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [s["step"] for s in steps] == [0]  # stopped at step 1's check: nothing of step 1 was logged

@@ -9,7 +9,8 @@ engines that provide it (`rollout.backend`):
   independent implementation, so that each backend checks the other's logprobs in the tests.
 
 Both hold a copy of the policy of their own that a sync replaces (`load_weights`); the canary
-(`check_canary`) compares the engine's logprobs of a fixed sequence with the learner's after it.
+(`Canary`) compares the engine's logprobs of a fixed sequence with the learner's after it, and
+checks that the engine's moved when the learner's did.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from rlvr.types import Prompt, Rollout
 
 __all__ = ["EngineConfigError", "EngineError", "WeightSyncError"]  # re-exported: raised by either engine
 
-# Tokens the canary check samples from its prompt (see `check_canary`).
+# Tokens the canary check samples from its prompt (see `canary_logprobs`).
 CANARY_NEW_TOKENS = 4
 
 
@@ -115,20 +116,33 @@ def check_memory(cfg: DictConfig, model_path: Path, dtype: str, device: str) -> 
         check_kv_cache(model_path, cfg, dtype, device)
 
 
-def check_canary(engine: Engine, score: Callable[[list[int]], torch.Tensor], token_ids: list[int],
-                 tol: float) -> float:
-    """Compare the engine's logprobs of a fixed sequence and of a short continuation of it with the
-    learner's (`score`: logprobs [len - 1] of tokens 1.. at temperature 1); raise when they differ.
+def canary_logprobs(engine: Engine, score: Callable[[list[int]], torch.Tensor],
+                    token_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The engine's and the learner's (`score`: logprobs [len - 1] of tokens 1.. at temperature 1)
+    logprobs [len - 1 + CANARY_NEW_TOKENS] of a fixed sequence and of a short continuation of it.
 
-    Two engine paths are checked: the sequence scored as a prompt (every position computed with the
+    Two engine paths are read: the sequence scored as a prompt (every position computed with the
     current weights; vLLM never reads its prefix cache for that), and `CANARY_NEW_TOKENS` tokens
     sampled after it, which in vLLM read the KV cached for the sequence by the previous check, as a
     rollout would. A skipped weight load shows in both, a prefix cache still holding the old weights'
-    KV in the second. Returns the largest absolute difference.
+    KV in the second.
     """
     new_ids, new_logprobs = engine.sample_continuation(token_ids, CANARY_NEW_TOKENS)
     engine_logprobs = torch.cat([engine.sequence_logprobs(token_ids), new_logprobs])
-    diff = (engine_logprobs - score(token_ids + new_ids).cpu()).abs().max().item()
+    return engine_logprobs, score(token_ids + new_ids).cpu()
+
+
+def check_canary(engine: Engine, score: Callable[[list[int]], torch.Tensor], token_ids: list[int],
+                 tol: float) -> float:
+    """Compare the engine's logprobs of a fixed sequence and of a short continuation of it with the
+    learner's (`canary_logprobs`); raise when they differ by more than `tol`. Returns the largest
+    absolute difference."""
+    engine_logprobs, learner_logprobs = canary_logprobs(engine, score, token_ids)
+    return _within(engine_logprobs, learner_logprobs, tol)
+
+
+def _within(engine_logprobs: torch.Tensor, learner_logprobs: torch.Tensor, tol: float) -> float:
+    diff = (engine_logprobs - learner_logprobs).abs().max().item()
     if not diff <= tol:  # also catches NaN
         raise WeightSyncError(
             f"after the weight sync the engine's logprobs of the canary sequence differ from the learner's "
@@ -136,6 +150,41 @@ def check_canary(engine: Engine, score: Callable[[list[int]], torch.Tensor], tok
             "learner's weights."
         )
     return diff
+
+
+class Canary:
+    """The weight-sync check of a run: after every sync, `check` compares the engine's logprobs of a
+    fixed sequence with the learner's (`check_canary`, within `tol`), and also that the engine's moved
+    when the learner's did.
+
+    The second check needs no tolerance, which is what makes a bf16 engine checkable: both sides are
+    deterministic, so the sequence's logprobs are bit-for-bit those of the last check exactly when the
+    weights that reach them are unchanged. When the learner's logprobs changed since the last check
+    and the engine's are bit-for-bit the same, the sync did not reach the engine (a missed or no-op
+    load), however close the two still are. In float32 the tolerance alone tells a missed sync from the
+    honest difference; in bf16 the honest kernel difference is as large as one update's effect
+    (README, Mixed precision), and only this comparison catches it.
+    """
+
+    def __init__(self, token_ids: list[int], tol: float):
+        self.token_ids, self.tol = token_ids, tol
+        self.last: tuple[torch.Tensor, torch.Tensor] | None = None  # (engine, learner) logprobs of the sequence
+
+    def check(self, engine: Engine, score: Callable[[list[int]], torch.Tensor]) -> float:
+        """Raise `WeightSyncError` when the engine does not serve the learner's weights; return the
+        largest absolute engine/learner difference."""
+        engine_logprobs, learner_logprobs = canary_logprobs(engine, score, self.token_ids)
+        diff = _within(engine_logprobs, learner_logprobs, self.tol)
+        n = len(self.token_ids) - 1  # the sequence's own positions: the same tokens at every check
+        now = engine_logprobs[:n], learner_logprobs[:n]
+        if self.last is not None and not torch.equal(now[1], self.last[1]) and torch.equal(now[0], self.last[0]):
+            moved = (now[1] - self.last[1]).abs().max().item()
+            raise WeightSyncError(
+                f"after the weight sync the engine's logprobs of the canary sequence are bit-for-bit those of the "
+                f"last check, while the learner's moved by up to {moved:.3g}: the new weights did not reach the "
+                "engine.")
+        self.last = now
+        return diff
 
 
 def canary_sequence(prompt_ids: list[int], answer_ids: list[int], block_size: int, max_len: int) -> list[int]:
