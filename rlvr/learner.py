@@ -129,6 +129,9 @@ class Learner:
         # The sampler/learner mismatch is larger in bf16: there the old policy defaults to the learner's
         # own logprobs, with TIS weights capped at 2, unless algorithm.tis_cap says otherwise.
         self.tis_cap = algorithm.tis_cap if algorithm.tis_cap is not None or not self.bf16 else 2.0
+        # With one optimizer step per batch, TIS's learner logprobs come from the update's own forwards
+        # (no forward of their own); False forces the separate forward (the tests compare the two).
+        self.anchor_in_forward = True
         log.info("learner: %s, %s (float32 master weights); shared-prefix forward %s (trainer.shared_prefix=%s: "
                  "%s)%s", device, "bf16-mixed" if self.bf16 else "fp32", "on" if self.shared_prefix else "off",
                  trainer.shared_prefix, why,
@@ -211,7 +214,11 @@ class Learner:
         anchor, tis = batch.old_logprobs, None
         # The sequences the update runs: without a KL term, those whose advantage is not zero.
         scored = torch.arange(len(batch)) if a.kl.coef > 0 else torch.nonzero(batch.advantages != 0).flatten()
-        if self.tis_cap is not None:  # the learner's own old logprobs, of the sequences the update uses
+        # With TIS the old policy is the learner's own logprobs. With one optimizer step per batch, every
+        # forward of the update runs at the old weights, so it computes them itself (`_update`, old=None);
+        # otherwise a forward before the update does.
+        in_forward = self.tis_cap is not None and self.anchor_in_forward and a.ppo_epochs == 1 and a.mini_batches == 1
+        if self.tis_cap is not None and not in_forward:
             anchor = batch.old_logprobs.clone()
             anchor[scored] = self.batch_logprobs(batch, rows=scored)[scored]
             tis = tis_weight(anchor, batch.old_logprobs, batch.loss_mask, self.tis_cap)
@@ -221,8 +228,8 @@ class Learner:
         chunks = torch.arange(len(batch)).tensor_split(a.mini_batches)
         for _ in range(a.ppo_epochs):
             for rows in chunks:
-                stats.append(self._update(batch.select(rows), anchor[rows], None if tis is None else tis[rows],
-                                          None if ref is None else ref[rows]))
+                stats.append(self._update(batch.select(rows), None if in_forward else anchor[rows],
+                                          None if tis is None else tis[rows], None if ref is None else ref[rows]))
         lr = self.scheduler.get_last_lr()[0]  # the rate every update of this step used
         self.scheduler.step()  # the schedule (warmup) counts RL steps, not optimizer steps
         # Engine/learner mismatch: logprobs of the sampled tokens under the learner before any update,
@@ -251,9 +258,11 @@ class Learner:
             out["mismatch/tokens"] = first["tokens"]
         return out
 
-    def _update(self, batch: Batch, anchor: torch.Tensor, tis: torch.Tensor | None,
+    def _update(self, batch: Batch, anchor: torch.Tensor | None, tis: torch.Tensor | None,
                 ref: torch.Tensor | None) -> dict[str, float]:
-        """One optimizer step on `batch` (a mini-batch), accumulated over micro-batches.
+        """One optimizer step on `batch` (a mini-batch), accumulated over micro-batches. `anchor`: the
+        old policy's logprobs [n, T-1]; None: this step's own forwards (at the old weights, before the
+        step) are the old policy, each token weighted by TIS against the sampler (`tis_cap`).
 
         Sequences with advantage 0 add exactly 0 to the surrogate's gradient, so without a KL term in
         the loss they are skipped (no forward, no backward); they still count in the normaliser, so
@@ -274,15 +283,21 @@ class Learner:
             sel = torch.arange(1) if matching else rows[starts[k] : starts[k] + self.trainer.micro_batch_size]
             part = batch.select(sel)
             logp, mask, width = self._forward(self.model, part)  # [n, t]
-            old = anchor[sel, : width - 1].to(self.device)  # [n, t]
+            sampler = part.old_logprobs[:, : width - 1].to(self.device)  # [n, t]
+            if anchor is None:  # the learner's own old logprobs: these, before the step (no gradient)
+                old = logp.detach()
+                weight = tis_weight(old, sampler, mask, self.tis_cap)
+            else:
+                old = anchor[sel, : width - 1].to(self.device)
+                weight = None if tis is None else tis[sel, : width - 1].to(self.device)
             if a.ratio == "sequence":
                 ratio = sequence_ratio(logp, old, mask)
             else:
                 ratio = token_ratio(logp, old, mask)
             per_token, was_clipped = clipped_surrogate(ratio, part.advantages.to(self.device), a.clip_eps_low,
                                                        a.clip_eps_high, a.dual_clip)
-            if tis is not None:
-                per_token = per_token * tis[sel, : width - 1].to(self.device)
+            if weight is not None:
+                per_token = per_token * weight
             if ref is not None:
                 kl = kl_penalty(logp, ref[sel, : width - 1].to(self.device), mask, a.kl.estimator)
                 per_token = per_token + a.kl.coef * kl
@@ -295,7 +310,7 @@ class Learner:
             out["loss"] += float(loss.detach())
             out["clipped"] += float((was_clipped * mask).sum())
             out["tokens"] += float(mask.sum())
-            gap = (logp.detach() - part.old_logprobs[:, : width - 1].to(self.device)).abs() * mask
+            gap = (logp.detach() - sampler).abs() * mask
             out["mismatch_sum"] += float(gap.sum())
             out["mismatch_max"] = max(out["mismatch_max"], float(gap.max()) if gap.numel() else 0.0)
         trained = [p for group in self.optimizer.param_groups for p in group["params"]]

@@ -120,10 +120,34 @@ def test_gspo_preset_is_not_clipped_by_the_engine_learner_mismatch(cache_dir, ti
 
 def test_tis_scores_only_the_sequences_the_update_runs(cache_dir, tiny_path):
     """The learner's own old logprobs (TIS) are computed for the sequences with a non-zero advantage only
-    (the update never reads the others): the pre-pass costs exactly as many tokens as the update itself."""
+    (the update never reads the others): with two optimizer steps per batch their forward costs exactly
+    as many tokens as the update itself; with one (the default) the update's own forwards give them."""
     batch = _batch()
     assert (batch.advantages == 0).any() and (batch.advantages != 0).any()
-    with_tis = _learner(cache_dir, tiny_path, "algorithm.tis_cap=2.0").step(batch)
-    without = _learner(cache_dir, tiny_path, "algorithm.tis_cap=null").step(_batch())
+    two_steps = ["algorithm.mini_batches=2"]
+    with_tis = _learner(cache_dir, tiny_path, "algorithm.tis_cap=2.0", *two_steps).step(batch)
+    without = _learner(cache_dir, tiny_path, "algorithm.tis_cap=null", *two_steps).step(_batch())
     assert with_tis["learn/tokens"] == 2 * without["learn/tokens"]
     assert with_tis["mismatch/tokens"] == float(batch.loss_mask[batch.advantages != 0].sum())
+    one_step = _learner(cache_dir, tiny_path, "algorithm.tis_cap=2.0").step(_batch())
+    assert one_step["learn/tokens"] == without["learn/tokens"]
+    assert one_step["mismatch/tokens"] == with_tis["mismatch/tokens"]
+
+
+@pytest.mark.parametrize("extra", [["algorithm.tis_cap=2.0"], ["algorithm=gspo"], ["algorithm.tis_cap=2.0", "algorithm.kl.coef=0.1"]])
+def test_tis_from_the_update_s_own_forward_equals_a_forward_of_its_own(cache_dir, tiny_path, extra):
+    """With one optimizer step per batch, TIS's learner logprobs are taken from the update's forwards,
+    which run at the old weights: the same loss, gradient, clip fraction and weights as a separate
+    forward before the update, with that forward's tokens saved."""
+    own = _learner(cache_dir, tiny_path, "trainer.micro_batch_size=3", *extra)
+    separate = _learner(cache_dir, tiny_path, "trainer.micro_batch_size=3", *extra)
+    separate.anchor_in_forward = False
+    batch = _batch()
+    batch.old_logprobs = batch.old_logprobs + 0.05 * torch.randn_like(batch.old_logprobs)  # a sampler mismatch
+    a, b = own.step(batch), separate.step(batch)
+    for key in ("loss", "clip_frac", "mismatch/logprob_abs_mean", "mismatch/logprob_abs_max", "mismatch/tokens"):
+        assert a[key] == pytest.approx(b[key], rel=1e-5, abs=1e-7), key
+    assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-5)
+    assert a["learn/tokens"] < b["learn/tokens"]  # no forward of its own
+    for k, v in _params(own).items():
+        assert torch.allclose(v, _params(separate)[k], atol=1e-7), k
