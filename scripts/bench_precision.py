@@ -1,15 +1,22 @@
-"""Benchmark fp32 against bf16-mixed on this machine, side by side in one run.
+"""Benchmark fp32, bf16-mixed and LoRA on this machine, side by side in one run, on the same work.
 
-    python scripts/bench_precision.py                          # the default model, 4 steps each
-    python scripts/bench_precision.py --steps 3 model=tiny
+    python scripts/bench_precision.py                          # the default model
+    python scripts/bench_precision.py --repeats 2 model=tiny
+    python scripts/bench_precision.py --no-lora                # fp32 and bf16-mixed only
 
 First the matmul rate this machine reaches in float32 and in bfloat16 on a model-shaped product
-([4800 x 576] . [576 x 1536], SmolLM2's MLP); then `+experiment=multiplication` runs `--steps` steps
-under `trainer.precision=fp32` and `=bf16-mixed`, each in its own process (for its peak memory).
-Printed per precision: the step time and its split (mean of the steps after the first), rollout
-tokens/s, the learner's throughput (6 x parameters x tokens through the model per second, a
-floating-point estimate) as a share of the measured matmul rate of its dtype, the canary
-difference, and peak resident memory. Speed is measured here, never asserted in tests.
+([4800 x 576] . [576 x 1536], SmolLM2's MLP). Then one step's rollouts of `+experiment=multiplication`
+are generated once (float32 engine) with random non-zero advantages, so that every sequence is
+trained on; and each variant -- `trainer.precision=fp32`, `=bf16-mixed`, and each with LoRA
+(`model.lora.r=16`) -- runs in its own process (for its own peak memory) what one RL step runs:
+its engine (in the variant's dtype) generates the groups of the same prompts with the same seeds
+(after one warm-up call), its learner takes `--repeats` updates on exactly the saved batch (with the
+variant's defaults: TIS's extra forward under bf16-mixed), each update is synced into the engine,
+and the canary checks it. Printed per variant: a step (rollout + update + sync, means), its split,
+rollout tokens/s, the learner's time per token through the model, its throughput (6 x parameters
+x tokens per second, a floating-point estimate; LoRA skips the base weights' gradients, about a
+third of that, so its share reads high) as a share of the measured matmul rate of its dtype, the
+canary difference, and peak resident memory. Speed is measured here, never asserted in tests.
 """
 
 from __future__ import annotations
@@ -26,6 +33,10 @@ import time
 from pathlib import Path
 
 import torch
+from hydra import compose, initialize_config_dir
+
+from rlvr.cli import CONFIG_DIR
+from rlvr.config import register
 
 
 def matmul_gflops(dtype: torch.dtype, seconds: float = 2.0) -> float:
@@ -38,70 +49,147 @@ def matmul_gflops(dtype: torch.dtype, seconds: float = 2.0) -> float:
     return 2 * 4800 * 576 * 1536 * n / (time.perf_counter() - start) / 1e9
 
 
-def child(precision: str, steps: int, overrides: list[str]) -> dict:
-    from hydra import compose, initialize_config_dir
-    from safetensors import safe_open
+# label -> (precision, overrides)
+VARIANTS = {
+    "fp32": ("fp32", []),
+    "bf16-mixed": ("bf16-mixed", []),
+    "fp32 + LoRA r16": ("fp32", ["model.lora.r=16"]),
+    "bf16-mixed + LoRA r16": ("bf16-mixed", ["model.lora.r=16"]),
+}
 
-    from rlvr import models
-    from rlvr.cli import CONFIG_DIR
-    from rlvr.config import register
-    from rlvr.train import train
 
+def config(overrides: list[str]):
     register()
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-        cfg = compose(config_name="train", overrides=[
-            "+experiment=multiplication", f"trainer.max_steps={steps}", "trainer.save_model=false",
-            "trainer.log_samples=0", "trainer.eval_every=0", "data.eval_size=4", f"trainer.precision={precision}",
-            *overrides])
-    with tempfile.TemporaryDirectory() as tmp:
-        train(cfg, Path(tmp))
-        records = [json.loads(line) for line in (Path(tmp) / "metrics.jsonl").read_text().splitlines()]
-    params = 0  # stored once each (tied embeddings count once)
-    for file in models.resolve(cfg.model, Path(cfg.cache_dir)).glob("*.safetensors"):
-        with safe_open(str(file), framework="pt") as f:
-            params += sum(torch.Size(f.get_slice(k).get_shape()).numel() for k in f.keys())
-    steps_ = [r for r in records if "time/step_s" in r]
-    rest = steps_[1:] or steps_
-    mean = {k: statistics.mean(r[k] for r in rest) for k in
-            ("time/step_s", "time/rollout_s", "time/learn_s", "time/sync_s", "tokens_per_s", "learn/tokens",
-             "sync/logprob_max_diff")}
-    mean["params"] = params
+        return compose(config_name="train", overrides=["+experiment=multiplication", *overrides])
+
+
+def setup(cfg):
+    """The model folder, its tokenizer, the step's prompts (the task's first draw for cfg.seed) and
+    their ids."""
+    from transformers import AutoTokenizer
+
+    from rlvr import models
+    from rlvr.data import build_task
+    from rlvr.prompts import render
+
+    path = models.resolve(cfg.model, Path(cfg.cache_dir))
+    tok = AutoTokenizer.from_pretrained(path)
+    prompts = build_task(cfg, path).sample(cfg.data.batch_size)
+    return path, tok, prompts, [render(tok, p) for p in prompts]
+
+
+def generate(overrides: list[str], out: Path) -> None:
+    """One step's rollouts (float32 engine), with random non-zero advantages, saved as a Batch."""
+    from rlvr.learner import make_batch
+    from rlvr.rollout.vllm_engine import VllmEngine
+
+    cfg = config(overrides)
+    path, tok, prompts, ids = setup(cfg)
+    engine = VllmEngine(path, cfg.rollout, "float32", cfg.seed, "cpu", Path(cfg.cache_dir))
+    try:
+        rollouts = engine.generate(prompts, ids, n=cfg.algorithm.group_size, seed=1)
+    finally:
+        engine.close()
+    batch = make_batch(rollouts, tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id)
+    batch.advantages = torch.randn(len(batch), generator=torch.Generator().manual_seed(0))
+    torch.save({k: getattr(batch, k) for k in batch.__dataclass_fields__}, out)
+
+
+def child(precision_name: str, overrides: list[str], batch_file: Path, repeats: int) -> dict:
+    from rlvr.learner import Learner
+    from rlvr.precision import resolve
+    from rlvr.rollout.engine import Canary, canary_sequence
+    from rlvr.rollout.vllm_engine import VllmEngine
+    from rlvr.types import Batch
+
+    cfg = config([f"trainer.precision={precision_name}", *overrides])
+    precision = resolve(cfg.trainer.precision, cfg.rollout.dtype, cfg.rollout.canary_tol, "cpu")
+    path, tok, prompts, ids = setup(cfg)
+    lora = cfg.model.lora if cfg.model.lora.r > 0 else None
+    learner = Learner(path, cfg.optim, cfg.algorithm, cfg.trainer, cfg.rollout.temperature, cfg.rollout.max_tokens,
+                      "cpu", precision, lora=lora)
+    engine = VllmEngine(path, cfg.rollout, precision.engine_dtype, cfg.seed, "cpu", Path(cfg.cache_dir))
+    dtype = getattr(torch, precision.engine_dtype)
+    answer = tok(" <answer>42</answer>", add_special_tokens=False).input_ids
+    canary = Canary(canary_sequence(min(ids, key=len), answer, engine.block_size(), cfg.rollout.max_model_len),
+                    precision.canary_tol)
+    batch = Batch(**torch.load(batch_file))
+    G = cfg.algorithm.group_size
+    try:
+        engine.generate(prompts, ids, n=G, seed=0)  # warm-up
+        canary.check(engine, learner.sequence_logprobs)
+        out = {k: [] for k in ("rollout_s", "tokens", "learn_s", "learn_tokens", "sync_s", "canary")}
+        for r in range(repeats):
+            t0 = time.perf_counter()
+            rollouts = engine.generate(prompts, ids, n=G, seed=1 + r)
+            out["rollout_s"].append(time.perf_counter() - t0)
+            out["tokens"].append(sum(len(x.completion_ids) for x in rollouts))
+            t0 = time.perf_counter()
+            stats = learner.step(batch)
+            out["learn_s"].append(time.perf_counter() - t0)
+            out["learn_tokens"].append(stats["learn/tokens"])
+            t0 = time.perf_counter()
+            engine.load_weights(learner.named_weights(dtype))
+            out["sync_s"].append(time.perf_counter() - t0)
+            out["canary"].append(canary.check(engine, learner.sequence_logprobs))
+    finally:
+        engine.close()
+    mean = {k: statistics.mean(v) for k, v in out.items()}
+    mean["canary"] = max(out["canary"])
+    mean["params"] = sum(p.numel() for n, p in learner.model.named_parameters() if "lora_" not in n)
+    mean["sequences"] = len(batch)
     mean["peak_rss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     return mean
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=4)
-    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--repeats", type=int, default=3, help="steps per variant (rollout, update, sync)")
+    parser.add_argument("--no-lora", action="store_true", help="skip the LoRA variants")
+    parser.add_argument("--child", nargs=2, metavar=("PRECISION", "BATCH"), help=argparse.SUPPRESS)
     parser.add_argument("overrides", nargs="*", help="rlvr train overrides, e.g. model=tiny")
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(child(args.child, args.steps, args.overrides)))
+        precision, batch_file = args.child
+        print(json.dumps(child(precision, args.overrides, Path(batch_file), args.repeats)))
         return 0
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor())
+
     from rlvr.precision import cpu_bf16_flags
 
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor())
     rates = {"fp32": matmul_gflops(torch.float32), "bf16-mixed": matmul_gflops(torch.bfloat16)}
     results = {}
-    for precision in ("fp32", "bf16-mixed"):
-        out = subprocess.run([sys.executable, __file__, "--child", precision, "--steps", str(args.steps),
-                              *args.overrides], capture_output=True, text=True)
-        if out.returncode != 0:
-            print(out.stderr[-3000:], file=sys.stderr)
-            return 1
-        results[precision] = json.loads(out.stdout.strip().splitlines()[-1])
+    with tempfile.TemporaryDirectory() as tmp:
+        batch_file = Path(tmp) / "batch.pt"
+        generate(args.overrides, batch_file)
+        for label, (precision, extra) in VARIANTS.items():
+            if args.no_lora and extra:
+                continue
+            out = subprocess.run([sys.executable, __file__, "--child", precision, str(batch_file),
+                                  "--repeats", str(args.repeats), *args.overrides, *extra], capture_output=True, text=True)
+            if out.returncode != 0:
+                print(out.stderr[-3000:], file=sys.stderr)
+                return 1
+            r = results[label] = json.loads(out.stdout.strip().splitlines()[-1])
+            print(f"{label}: {r['rollout_s'] + r['learn_s'] + r['sync_s']:.1f} s a step", file=sys.stderr, flush=True)
+    base = results["fp32"]
+    base_step = base["rollout_s"] + base["learn_s"] + base["sync_s"]
     print(f"\nCPU: {cpu}; bf16 units: {', '.join(cpu_bf16_flags()) or 'none'}; {torch.get_num_threads()} threads; "
-          f"matmul fp32 {rates['fp32']:.0f} GFLOP/s, bf16 {rates['bf16-mixed']:.0f} GFLOP/s; mean of steps 2-{args.steps}")
-    print("| precision | step s | rollout s | learn s | sync s | rollout tok/s | learner GFLOP/s (share of matmul) "
-          "| canary diff | peak RSS GiB |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for precision, r in results.items():
-        learner = 6 * r["params"] * r["learn/tokens"] / r["time/learn_s"] / 1e9
-        print(f"| {precision} | {r['time/step_s']:.1f} | {r['time/rollout_s']:.1f} | {r['time/learn_s']:.1f} | "
-              f"{r['time/sync_s']:.2f} | {r['tokens_per_s']:.0f} | {learner:.0f} ({learner / rates[precision]:.0%}) | "
-              f"{r['sync/logprob_max_diff']:.2g} | {r['peak_rss_gib']:.1f} |")
+          f"matmul fp32 {rates['fp32']:.0f} GFLOP/s, bf16 {rates['bf16-mixed']:.0f} GFLOP/s; every variant: the same "
+          f"{base['sequences']} sequences to learn on and the same prompts to sample, mean of {args.repeats} steps")
+    print("| variant | step s (× fp32) | rollout s | update s | sync s | rollout tok/s | learner tokens | learner ms/token "
+          "| learner GFLOP/s (share of matmul) | canary diff | peak RSS GiB |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for label, r in results.items():
+        precision = VARIANTS[label][0]
+        step = r["rollout_s"] + r["learn_s"] + r["sync_s"]
+        learner = 6 * r["params"] * r["learn_tokens"] / r["learn_s"] / 1e9
+        print(f"| {label} | {step:.1f} ({step / base_step:.2f}) | {r['rollout_s']:.1f} | {r['learn_s']:.1f} | "
+              f"{r['sync_s']:.2f} | {r['tokens'] / r['rollout_s']:.0f} | {r['learn_tokens']:.0f} | "
+              f"{1000 * r['learn_s'] / r['learn_tokens']:.1f} | {learner:.0f} ({learner / rates[precision]:.0%}) | "
+              f"{r['canary']:.2g} | {r['peak_rss_gib']:.1f} |")
     return 0
 
 

@@ -20,6 +20,14 @@ RLVR = str(Path(sys.executable).with_name("rlvr"))
 REPO = Path(__file__).resolve().parent.parent
 # vLLM's compile cache outlives a test session (a cold engine start costs ~15 s more); the models do not.
 os.environ.setdefault("VLLM_CACHE_ROOT", str(REPO / ".cache" / "vllm"))
+# The suite computes in float32 on every CPU kind, so that what passes on one machine passes on another
+# (trainer.precision's default, auto, picks bf16-mixed on CPUs with bf16 units); tests of bf16 say so.
+FP32 = "trainer.precision=fp32"
+
+
+def pinned(overrides: list[str]) -> list[str]:
+    """`overrides` plus trainer.precision=fp32, unless they set the precision themselves."""
+    return overrides if any("trainer.precision=" in o for o in overrides) else [*overrides, FP32]
 
 
 @pytest.fixture(scope="session")
@@ -40,7 +48,7 @@ def compose_config(overrides: list[str], cache: Path | None = None) -> DictConfi
     register()
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
         extra = [f"cache_dir={cache}"] if cache is not None else []
-        return compose(config_name="train", overrides=[*overrides, *extra])
+        return compose(config_name="train", overrides=[*pinned(overrides), *extra])
 
 
 def tiny_learner(cache: Path, tiny_path: Path, overrides: list[str] | None = None):
@@ -55,6 +63,9 @@ def tiny_learner(cache: Path, tiny_path: Path, overrides: list[str] | None = Non
 
 
 def run_cli(args: list[str], cache: Path, timeout: int = 600, extra_env: dict | None = None) -> subprocess.CompletedProcess:
-    """Run the installed `rlvr` command as a user would; output captured as text."""
+    """Run the installed `rlvr` command as a user would (`train` and `eval` in float32 unless `args` set
+    the precision); output captured as text."""
+    if args and args[0] in ("train", "eval"):
+        args = [args[0], *pinned(args[1:])]
     env = {**os.environ, "RLVR_CACHE": str(cache), "HYDRA_FULL_ERROR": "0", **(extra_env or {})}
     return subprocess.run([RLVR, *args], capture_output=True, text=True, timeout=timeout, env=env)

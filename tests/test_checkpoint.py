@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 
 from rlvr import checkpoint
 
-from .conftest import REPO, RLVR, run_cli
+from .conftest import REPO, RLVR, pinned, run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -43,7 +43,7 @@ def _steps(run_dir: Path) -> list[dict]:
 
 def _start(args: list[str], cache: Path, extra_env: dict | None = None) -> subprocess.Popen:
     env = {**os.environ, "RLVR_CACHE": str(cache), **(extra_env or {})}
-    return subprocess.Popen([RLVR, "train", *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    return subprocess.Popen([RLVR, "train", *pinned(args)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=env, start_new_session=True)
 
 
@@ -200,8 +200,8 @@ def test_a_failed_checkpoint_write_keeps_the_previous_one_and_the_run_goes_on(re
     env = {**os.environ, "RLVR_CACHE": str(cache_dir), "HYDRA_FULL_ERROR": "0",
            # vLLM's CPU sampler compiles a kernel with g++, whose temporary files exceed the limit too
            "TORCH_COMPILE_DISABLE": "1"}
-    result = subprocess.run([RLVR, "train", *RESUMED, "trainer.save_model=false", "trainer.keep_last=1",
-                             "trainer.resume=auto", f"hydra.run.dir={run_dir}"], capture_output=True, text=True,
+    result = subprocess.run([RLVR, "train", *pinned([*RESUMED, "trainer.save_model=false", "trainer.keep_last=1",
+                                                     "trainer.resume=auto", f"hydra.run.dir={run_dir}"])], capture_output=True, text=True,
                             timeout=600, env=env,
                             preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit)))
     out = result.stdout + result.stderr
