@@ -35,7 +35,7 @@ def measure(model: str, precision_name: str, updates: int) -> dict[str, list[flo
     from rlvr.precision import resolve
     from rlvr.prompts import render
     from rlvr.rewards import Rewards
-    from rlvr.rollout.engine import canary_logprobs, canary_sequence
+    from rlvr.rollout.engine import canary_logprobs, canary_sequence, learner_moved_alone
     from rlvr.rollout.vllm_engine import VllmEngine
 
     register()
@@ -59,9 +59,6 @@ def measure(model: str, precision_name: str, updates: int) -> dict[str, list[flo
         engine_lp, learner_lp = canary_logprobs(engine, learner.sequence_logprobs, canary)
         return (engine_lp - learner_lp).abs().max().item(), engine_lp[:n], learner_lp[:n]
 
-    def moved_alone(now, last) -> bool:  # Canary's second check: the learner moved, the engine did not
-        return not torch.equal(now[2], last[2]) and torch.equal(now[1], last[1])
-
     last = measure_now()
     out = {"honest": [last[0]], "missed": [], "corrupted": [], "missed caught": [], "honest flagged": []}
     try:
@@ -76,11 +73,11 @@ def measure(model: str, precision_name: str, updates: int) -> dict[str, list[flo
             learner.step(batch)
             missed = measure_now()
             out["missed"].append(missed[0])
-            out["missed caught"].append(float(moved_alone(missed, last)))
+            out["missed caught"].append(float(learner_moved_alone(missed[1:], last[1:])))
             engine.load_weights(learner.named_weights(dtype))
             honest = measure_now()
             out["honest"].append(honest[0])
-            out["honest flagged"].append(float(moved_alone(honest, last)))
+            out["honest flagged"].append(float(learner_moved_alone(honest[1:], last[1:])))
             last = honest
         # one corrupted weight: a single entry of the last MLP's down projection, off by 10 %
         name, weight = [(n, p) for n, p in learner.model.named_parameters() if "down_proj" in n][-1]

@@ -152,6 +152,12 @@ def _within(engine_logprobs: torch.Tensor, learner_logprobs: torch.Tensor, tol: 
     return diff
 
 
+def learner_moved_alone(now: tuple[torch.Tensor, torch.Tensor], last: tuple[torch.Tensor, torch.Tensor]) -> bool:
+    """Whether, between two checks, the learner's logprobs of the canary sequence moved while the
+    engine's stayed bit for bit the same (`now`, `last`: (engine, learner) logprobs of its positions)."""
+    return not torch.equal(now[1], last[1]) and torch.equal(now[0], last[0])
+
+
 class Canary:
     """The weight-sync check of a run: after every sync, `check` compares the engine's logprobs of a
     fixed sequence with the learner's (`check_canary`, within `tol`), and also that the engine's moved
@@ -182,7 +188,7 @@ class Canary:
         diff = _within(engine_logprobs, learner_logprobs, self.tol)
         n = len(self.token_ids) - 1  # the sequence's own positions: the same tokens at every check
         now = engine_logprobs[:n], learner_logprobs[:n]
-        if self.last is not None and not torch.equal(now[1], self.last[1]) and torch.equal(now[0], self.last[0]):
+        if self.last is not None and learner_moved_alone(now, self.last):
             moved = (now[1] - self.last[1]).abs().max().item()
             raise WeightSyncError(
                 f"after the weight sync the engine's logprobs of the canary sequence are bit-for-bit those of the "
