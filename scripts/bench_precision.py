@@ -148,8 +148,12 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3, help="steps per variant (rollout, update, sync)")
     parser.add_argument("--no-lora", action="store_true", help="skip the LoRA variants")
     parser.add_argument("--child", nargs=2, metavar=("PRECISION", "BATCH"), help=argparse.SUPPRESS)
+    parser.add_argument("--generate", metavar="BATCH", help=argparse.SUPPRESS)
     parser.add_argument("overrides", nargs="*", help="rlvr train overrides, e.g. model=tiny")
     args = parser.parse_args()
+    if args.generate:
+        generate(args.overrides, Path(args.generate))
+        return 0
     if args.child:
         precision, batch_file = args.child
         print(json.dumps(child(precision, args.overrides, Path(batch_file), args.repeats)))
@@ -163,7 +167,10 @@ def main() -> int:
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         batch_file = Path(tmp) / "batch.pt"
-        generate(args.overrides, batch_file)
+        # in a process of its own: a parent that had run (and closed) an engine was seen at ~14 % CPU
+        # while the variants ran
+        subprocess.run([sys.executable, __file__, "--generate", str(batch_file), *args.overrides], check=True,
+                       capture_output=True)
         for label, (precision, extra) in VARIANTS.items():
             if args.no_lora and extra:
                 continue
