@@ -3,7 +3,8 @@
     <run dir>/checkpoints/step-000040/
         model/               the policy: a Hugging Face folder (safetensors + tokenizer); with LoRA, merged
         adapter/             with LoRA (model.lora.r > 0): the adapter the learner resumes from (peft's folder)
-        optimizer.pt         AdamW and LR-scheduler state, torch RNG state (loaded with weights_only=True)
+        optimizer.pt         AdamW state by parameter name, whole tensors (any world size resumes it), LR
+                             schedule, torch RNG state (loaded with weights_only=True)
         trainer_state.json   step, task state (sampler position, curriculum), Python/NumPy RNG states,
                              reward error count
         metrics.jsonl        the metrics up to this step (put back into the run dir on resume)
@@ -109,18 +110,26 @@ def save(run_dir: Path, step: int, learner, task, rewards, keep_last: int) -> Pa
     """Write the checkpoint of `step` atomically, then prune to the newest `keep_last` (0: keep all).
 
     On failure (a full disk, say) the temporary folder is removed, the previous checkpoints stay
-    as they were, and the error is raised for the caller to report.
+    as they were, and the error is raised for the caller to report. Across processes every rank calls
+    this: the whole weights and optimizer state are gathered (collectives), then rank 0 writes.
     """
+    from rlvr import distributed
+
+    weights = learner.export_weights()
+    optimizer = learner.optimizer_state()
+    return distributed.on_rank0(_write, run_dir, step, learner, weights, optimizer, task, rewards, keep_last)
+
+
+def _write(run_dir: Path, step: int, learner, weights, optimizer: dict, task, rewards, keep_last: int) -> Path:
     folder = run_dir / "checkpoints"
     folder.mkdir(parents=True, exist_ok=True)
     final = folder / f"{PREFIX}{step:06d}"
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=folder))
     try:
-        learner.save(tmp / "model")
+        learner.save(tmp / "model", weights)
         if learner.lora:
             learner.save_adapter(tmp / "adapter")
-        torch.save({"optimizer": learner.optimizer.state_dict(), "scheduler": learner.scheduler.state_dict(),
-                    "torch_rng": torch.get_rng_state()}, tmp / "optimizer.pt")
+        torch.save({**optimizer, "torch_rng": torch.get_rng_state()}, tmp / "optimizer.pt")
         np_state = np.random.get_state()
         state: dict[str, Any] = {
             "step": step,
@@ -148,8 +157,11 @@ def load_state(path: Path, learner, task, rewards) -> int:
     """Restore optimizer, scheduler, RNGs, task and reward counters from a validated checkpoint;
     return its step. (The policy weights are loaded by building the learner from `path / "model"`.)"""
     blob = torch.load(path / "optimizer.pt", weights_only=True, map_location="cpu")
-    learner.optimizer.load_state_dict(blob["optimizer"])
-    learner.scheduler.load_state_dict(blob["scheduler"])
+    try:
+        learner.load_optimizer_state(blob)
+    except (KeyError, ValueError, RuntimeError) as e:
+        raise CheckpointError(f"checkpoint {path}: its optimizer state does not fit this model ({type(e).__name__}: "
+                              f"{e}); it was written by another model, LoRA setting or rlvr version") from e
     torch.set_rng_state(blob["torch_rng"])
     state = json.loads((path / "trainer_state.json").read_text())
     task.load_state_dict(state["task"])

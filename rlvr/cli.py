@@ -91,9 +91,11 @@ def _remove_if_untouched(run_dir: Path) -> None:
 
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="train")
 def _train(cfg: DictConfig) -> float | None:
-    from rlvr.train import train  # heavy imports (torch, transformers) after the config composed
+    from rlvr import launch  # heavy imports (torch, transformers) after the config composed
+    from rlvr.train import train
 
-    return _reported(train, cfg)
+    # in this process, across the ranks trainer.nproc_per_node asks for, or as one rank under torchrun
+    return _reported(lambda cfg, run_dir: launch.run(train, cfg, run_dir, discard=_remove_if_untouched), cfg)
 
 
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="train")

@@ -13,6 +13,7 @@ checked by the task's constructor when it is built at startup.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -184,6 +185,11 @@ class TrainerConfig:
     max_bad_steps: int = 3
     shared_prefix: Any = "auto"
     precision: str = "fp32"
+    nproc_per_node: int = 1
+    nnodes: int = 1
+    node_rank: int = 0
+    rdzv_endpoint: str | None = None
+    dist_timeout_s: float = 600.0
 
 
 @dataclass
@@ -329,6 +335,17 @@ def check(cfg: DictConfig, training: bool = True) -> None:
     need(cfg.model.lora.r == 0 or len(cfg.model.lora.target_modules) > 0, "model.lora.target_modules",
          "must name at least one layer when model.lora.r > 0")
     need(len(cfg.optim.betas) == 2, "optim.betas", "must hold two numbers")
+    t = cfg.trainer
+    need(t.nproc_per_node >= 1 and t.nnodes >= 1, "trainer.nproc_per_node",
+         f"nproc_per_node and nnodes must be >= 1, got {t.nproc_per_node} and {t.nnodes}")
+    need(0 <= t.node_rank < t.nnodes, "trainer.node_rank", f"must be in [0, trainer.nnodes={t.nnodes}), got {t.node_rank}")
+    need(t.nnodes == 1 or t.rdzv_endpoint, "trainer.rdzv_endpoint",
+         "must be set (host:port of node 0, reachable from every node) when trainer.nnodes > 1")
+    need(t.dist_timeout_s > 0, "trainer.dist_timeout_s", "must be > 0")
+    if t.nproc_per_node * t.nnodes > 1 or int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        need(cfg.model.lora.r == 0, "model.lora.r", "LoRA is not supported across processes yet: use one process "
+             "(trainer.nproc_per_node=1) or model.lora.r=0")
+        need(r.backend == "vllm", "rollout.backend", "only the vllm backend runs across processes")
     for name, term in cfg.reward.terms.items():
         key = f"reward.terms.{name}"
         need(isinstance(term, DictConfig) and isinstance(term.get("_target_"), str), f"{key}._target_",

@@ -113,6 +113,9 @@ class Learner:
         if (algorithm.kl.coef > 0 or algorithm.kl.reward_coef > 0) and not self.lora:  # only built when used
             self.ref = AutoModelForCausalLM.from_pretrained(reference_path or model_path, dtype=torch.float32)
             self.ref.to(device).eval().requires_grad_(False)
+        # names of weights tied to another (an LM head that is the embedding): a file holds them once
+        self.tied = ({n for n, _ in self.model.named_parameters(remove_duplicate=False)}
+                     - {n for n, _ in self.model.named_parameters()})
         if distributed.world_size() > 1:  # a process group: each rank holds a shard (rlvr.distributed)
             if self.lora:
                 raise ModelError("LoRA is not supported across processes yet: use one process, or model.lora.r=0")
@@ -247,7 +250,7 @@ class Learner:
             "learn/sequences": sum(s["sequences"] for s in stats),
             "learn/optimizer_steps": float(len(stats)),
             "learn/skipped_updates": sum(s["skipped"] for s in stats),
-            "learn/tokens": float(self.tokens),
+            "learn/tokens": distributed.global_sum([float(self.tokens)])[0],
         }
         if gap is not None and tokens:
             out["mismatch/logprob_abs_mean"], out["mismatch/logprob_abs_max"] = float(gap.sum()) / tokens, float(gap.max())
@@ -329,14 +332,44 @@ class Learner:
         out["skipped"] = float(not stepped)
         return out
 
-    def save(self, path: Path) -> None:
-        """The policy as a Hugging Face folder (safetensors + tokenizer), loadable by transformers and vLLM;
-        with LoRA the merged weights (the adapter alone: `save_adapter`)."""
+    def export_weights(self) -> dict[str, torch.Tensor] | None:
+        """The whole policy's float32 weights by their Hugging Face names (with LoRA, merged), on the
+        CPU; across processes a collective that every rank calls, returning them on rank 0 alone."""
         if self.lora:
-            self.model.get_base_model().save_pretrained(path, state_dict=dict(merged_weights(self.model)))
-        else:
-            self.model.save_pretrained(path)
+            return dict(merged_weights(self.model))
+        if distributed.world_size() == 1:
+            return self.model.state_dict()
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        weights = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return {k: v for k, v in weights.items() if k not in self.tied} if distributed.rank() == 0 else None
+
+    def save(self, path: Path, weights: dict[str, torch.Tensor] | None = None) -> None:
+        """The policy as a Hugging Face folder (safetensors + tokenizer), loadable by transformers and vLLM;
+        with LoRA the merged weights (the adapter alone: `save_adapter`). `weights`: what `export_weights`
+        returned (across processes rank 0 writes them; in one process they are taken here if not given)."""
+        weights = self.export_weights() if weights is None else weights
+        model = self.model.get_base_model() if self.lora else self.model
+        model.save_pretrained(path, state_dict=weights)
         self.tokenizer.save_pretrained(path)
+
+    def optimizer_state(self) -> dict:
+        """AdamW's state by parameter name (whole tensors, not shards; the same layout for any number of
+        processes, so a run resumes with another world size) and the LR schedule's; across processes a
+        collective, complete on rank 0."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+        state = get_optimizer_state_dict(self.model, self.optimizer,
+                                         options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return {"optimizer": state, "scheduler": self.scheduler.state_dict()}
+
+    def load_optimizer_state(self, state: dict) -> None:
+        """Put back what `optimizer_state` returned (each rank takes its shards of the whole tensors)."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+        set_optimizer_state_dict(self.model, self.optimizer, state["optimizer"],
+                                 options=StateDictOptions(full_state_dict=True))
+        self.scheduler.load_state_dict(state["scheduler"])
 
     def save_adapter(self, path: Path) -> None:
         """The LoRA adapter (peft's folder: adapter_config.json, adapter_model.safetensors)."""

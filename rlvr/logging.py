@@ -150,3 +150,25 @@ class Logger:
         self.metrics_file.close()
         if self.wandb is not None:
             self.wandb.finish()
+
+
+class NullLogger:
+    """The logger of ranks other than 0 (trainer.nproc_per_node > 1): rank 0 writes for all."""
+
+    def write_manifest(self, info: dict[str, Any]) -> None:
+        pass
+
+    def samples(self, step: int, records: list[dict[str, Any]]) -> None:
+        pass
+
+    def first_record(self) -> dict[str, Any]:
+        return {}
+
+    def write_summary(self, summary: dict[str, Any]) -> None:
+        pass
+
+    def log(self, step: int, metrics: dict[str, Any]) -> None:
+        pass
+
+    def close(self) -> None:
+        pass

@@ -35,7 +35,7 @@ import numpy as np
 import torch
 from omegaconf import DictConfig
 
-from rlvr import checkpoint, models
+from rlvr import checkpoint, distributed, models
 from rlvr.algorithms import advantages
 from rlvr.algorithms.losses import kl_penalty, overlong_penalty
 from rlvr.config import check
@@ -43,7 +43,7 @@ from rlvr.data import Task, build_task
 from rlvr.errors import RlvrError
 from rlvr.evaluate import greedy, sample_record, summarise
 from rlvr.learner import Learner, make_batch
-from rlvr.logging import Logger, manifest
+from rlvr.logging import Logger, NullLogger, manifest
 from rlvr.monitor import DegenerationMonitor
 from rlvr.plot import plot
 from rlvr.precision import pick_device
@@ -203,7 +203,10 @@ def peak_memory(device: str) -> dict[str, float]:
 
 
 def train(cfg: DictConfig, run_dir: Path) -> dict[str, float]:
-    """Run `cfg.trainer.max_steps` RL steps; return the last step's metrics (and the final eval)."""
+    """Run `cfg.trainer.max_steps` RL steps; return the last step's metrics (and the final eval).
+
+    Across processes every rank runs this whole function (rlvr.distributed: rollouts split and shared,
+    the learner sharded); rank 0 alone writes into `run_dir`."""
     t_start = time.perf_counter()
     # Everything that can fail on bad input fails here, before a model loads.
     check(cfg)
@@ -235,19 +238,23 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, float]:
     fit = PromptFit(tok, cfg.rollout.max_model_len, cfg.rollout.max_tokens, tools)
     eval_prompts, eval_ids = fit.eval_prompts(task.eval_prompts())
     fit.probe(task, cfg.data.batch_size)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    # the first write into the run dir
-    prepare_run_dir(run_dir, resume, cfg.trainer.overwrite, auto_resume=cfg.trainer.resume == "auto")
+    rank0 = distributed.rank() == 0
 
-    logger = Logger(run_dir, cfg, cfg.trainer.max_steps)
+    def start_run_dir() -> None:  # the first write into the run dir
+        run_dir.mkdir(parents=True, exist_ok=True)
+        prepare_run_dir(run_dir, resume, cfg.trainer.overwrite, auto_resume=cfg.trainer.resume == "auto")
+
+    distributed.on_rank0(start_run_dir)  # every rank stops alike if the run dir is refused
+    logger = Logger(run_dir, cfg, cfg.trainer.max_steps) if rank0 else NullLogger()
     logger.write_manifest({**manifest(cfg, model_path, device), "resumed_from": str(resume) if resume else None,
-                           "shared_prefix": learner.shared_prefix,
+                           "shared_prefix": learner.shared_prefix, "world_size": distributed.world_size(),
                            "precision": {"learner": precision.learner, "engine_dtype": precision.engine_dtype,
                                          "canary_tol": precision.canary_tol, "why": precision.why}})
     start = checkpoint.load_state(resume, learner, task, rewards) if resume else 0
     engine = build_engine(policy_path, cfg.rollout, precision.engine_dtype, cfg.seed, device, Path(cfg.cache_dir))
     engine_dtype = getattr(torch, precision.engine_dtype)
-    generate = rollout_generator(engine, tok, tools, cfg.rollout)
+    # Across processes each rank generates its share of every call and all ranks get all the rollouts.
+    generate = distributed.split(rollout_generator(engine, tok, tools, cfg.rollout))
     rewards.attach(engine, tok)  # a judge term without a model of its own asks the policy
     # A fixed sequence whose logprobs engine and learner must agree on after every sync.
     canary = Canary(canary_sequence(min(eval_ids, key=len), tok(CANARY_ANSWER, add_special_tokens=False).input_ids,
@@ -277,7 +284,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, float]:
             logger.log(0, first_eval)
         else:
             log.info("resumed from %s at step %d", resume, start)
-            first_eval = logger.first_record()
+            first_eval = distributed.on_rank0(logger.first_record)
         metrics: dict[str, float] = {}
         bad_steps = 0
         for step in range(start + 1, cfg.trainer.max_steps + 1):
@@ -288,10 +295,13 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, float]:
             # whose scores differ)
             c = collect_groups(task, fit, generate, rewards, score, cfg, step)
 
-            # 4. group-relative advantages
-            batch = make_batch(c.rollouts, learner.pad_id, mask_truncated=cfg.algorithm.overlong.mode == "mask")
+            # 4. group-relative advantages; across processes each rank learns on its share of the groups
             adv = advantages.compute(c.scores, cfg.algorithm.advantage, cfg.algorithm.adv_eps)  # [K, G]
-            batch.advantages = adv.flatten()
+            first, last = distributed.share(len(adv))
+            G = cfg.algorithm.group_size
+            batch = make_batch(c.rollouts[first * G : last * G], learner.pad_id,
+                               mask_truncated=cfg.algorithm.overlong.mode == "mask")
+            batch.advantages = adv[first:last].flatten()
 
             # 5. policy update
             t0 = time.perf_counter()
@@ -328,7 +338,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, float]:
                 "time/sync_s": t_sync,
                 "time/step_s": time.perf_counter() - t_step,
                 "tokens_per_s": c.times["tokens"] / c.times["rollout"],
-                **peak_memory(device),
+                **{k: distributed.global_max(v) for k, v in peak_memory(device).items()},  # the largest rank's
             })
             metrics.update(monitor.update(step, metrics))
             logger.log(step, metrics)
@@ -359,6 +369,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, float]:
             saved = None
             if cfg.trainer.save_every and (step % cfg.trainer.save_every == 0 or step == cfg.trainer.max_steps):
                 saved = save_checkpoint(step)
+            stop.signal = int(distributed.global_max(float(stop.signal or 0))) or None  # all ranks stop alike
             if stop.signal is not None:
                 saved = saved or save_checkpoint(step)
                 log.warning("stopped after step %d by %s. Continue with the same command plus "
@@ -372,9 +383,12 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, float]:
                               "first_eval": first_eval, "final_eval": final_eval, "last_step": metrics})
         log.info("eval accuracy %.3f -> %.3f over %d steps", first_eval["eval/accuracy"],
                  final_eval["eval/accuracy"], cfg.trainer.max_steps)
-        plot([run_dir], run_dir / "curves.png")
+        if rank0:
+            plot([run_dir], run_dir / "curves.png")
         if cfg.trainer.save_model:
-            models.build_atomically(run_dir / "model", learner.save, replace=True)
+            weights = learner.export_weights()  # every rank takes part; rank 0 writes
+            distributed.on_rank0(lambda: models.build_atomically(run_dir / "model",
+                                                                 lambda path: learner.save(path, weights), replace=True))
             log.info("final model: %s", run_dir / "model")
         return {**metrics, **final_eval}
     finally:

@@ -169,9 +169,13 @@ class VllmEngine:
         return rollouts
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Replace the engine's weights in place (vLLM's supported reload path), then drop cached KV."""
+        """Replace the engine's weights in place (vLLM's supported reload path), then drop cached KV.
+
+        The engine runs in this process, so it consumes `named_tensors` as they come: one tensor in the
+        engine's dtype exists at a time besides the engine's own weights (across processes each is
+        gathered from the shards as the engine asks for it)."""
         self.llm.collective_rpc(
-            "reload_weights", kwargs={"weights_iterator": list(named_tensors), "is_checkpoint_format": True}
+            "reload_weights", kwargs={"weights_iterator": iter(named_tensors), "is_checkpoint_format": True}
         )
         if not self.llm.reset_prefix_cache():
             raise WeightSyncError("after the weight sync vLLM could not reset its prefix cache (requests still "

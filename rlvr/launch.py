@@ -1,0 +1,177 @@
+"""Launching rlvr across processes: `rlvr train ... trainer.nproc_per_node=N` starts a worker group of
+N ranks through torch's elastic launcher (the API behind torchrun); running the CLI under `torchrun`
+yourself works too (`run` joins the group torchrun made). What each rank then does: rlvr.distributed.
+
+Failures: a rank that raises exits at once with code 1, after logging why; one that dies or hangs
+(a collective waits at most trainer.dist_timeout_s) does too, so the launcher sees a failed rank,
+stops the others and reports which rank failed and the last complete checkpoint. Ctrl-C reaches the
+launcher alone (each rank has a process group of its own), which passes SIGINT to every rank: each
+finishes its step, rank 0 writes a checkpoint, and all exit; torch's launcher kills ranks still
+running 30 s after it passed the signal on.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import logging
+import os
+import secrets
+import signal
+import socket
+import sys
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from omegaconf import DictConfig, OmegaConf
+
+from rlvr.checkpoint import complete_checkpoints
+from rlvr.config import check
+from rlvr.distributed import on_rank0, rank
+from rlvr.errors import RlvrError
+
+log = logging.getLogger("rlvr")
+
+
+class DistributedError(RlvrError, RuntimeError):
+    """A rank failed or was stopped; the message names the rank and what is left on disk."""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run(fn: Callable[[DictConfig, Path], dict], cfg: DictConfig, run_dir: Path,
+        discard: Callable[[Path], None] = lambda _: None) -> dict:
+    """`fn(cfg, run_dir)` (rlvr.train.train) in this process, or across the ranks `cfg.trainer` asks for.
+
+    Under torchrun (its environment, no process group yet) this process is one rank: it joins the
+    group, takes rank 0's run dir (each rank's Hydra may have made its own; `discard` removes this
+    rank's if nothing was written there) and runs. With trainer.nproc_per_node * nnodes > 1 it
+    launches the worker group and waits for it (`launch`). Otherwise it simply runs `fn`.
+    """
+    if "LOCAL_RANK" in os.environ and not dist.is_initialized():
+        _join(cfg)
+        agreed = Path(on_rank0(lambda: str(run_dir)))
+        if agreed.resolve() != run_dir.resolve():
+            discard(run_dir)
+        return _run_rank(fn, cfg, agreed)
+    if cfg.trainer.nproc_per_node * cfg.trainer.nnodes > 1:
+        check(cfg)  # a config that cannot work fails here, once, rather than on every rank
+        return launch(fn, cfg, run_dir)
+    return fn(cfg, run_dir)
+
+
+def launch(fn: Callable[[DictConfig, Path], dict], cfg: DictConfig, run_dir: Path) -> dict:
+    """Run `fn` on trainer.nproc_per_node ranks on this machine (trainer.nnodes machines in all) with
+    torch's elastic launcher, and wait for them. The config is resolved once, here, and every rank
+    gets the same (so `${now:...}` names one run dir). One rank that fails or dies stops the group;
+    the error names it and the last complete checkpoint. Returns the final evaluation (summary.json)."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    t = cfg.trainer
+    endpoint = t.rdzv_endpoint or f"127.0.0.1:{_free_port()}"
+    config = LaunchConfig(min_nodes=t.nnodes, max_nodes=t.nnodes, nproc_per_node=t.nproc_per_node,
+                          run_id=f"rlvr-{secrets.token_hex(4)}", rdzv_backend="static", rdzv_endpoint=endpoint,
+                          rdzv_configs={"rank": t.node_rank, "timeout": int(t.dist_timeout_s)}, max_restarts=0,
+                          monitor_interval=0.5, start_method="spawn")
+    log_file = next((h.baseFilename for h in logging.root.handlers if isinstance(h, logging.FileHandler)), None)
+    log.info("launching %d ranks (%d per node, %d nodes; this is node %d, rendezvous at %s)",
+             t.nproc_per_node * t.nnodes, t.nproc_per_node, t.nnodes, t.node_rank, endpoint)
+    resolved = OmegaConf.to_yaml(cfg, resolve=True)
+    try:
+        elastic_launch(config, _worker)(fn, resolved, str(run_dir), log_file)
+    except ChildFailedError as e:
+        failed, failure = e.get_first_failure()
+        how = (f"was killed by {failure.signal_name()}" if failure.exitcode < 0
+               else f"exited with code {failure.exitcode}")
+        raise DistributedError(f"rank {failed} (pid {failure.pid}) {how}; the other ranks were stopped. "
+                               + _left_on_disk(run_dir)) from None
+    except SignalException as e:
+        log.warning("stopped by %s: each rank was asked to finish its step and write a checkpoint. %s",
+                    signal.Signals(e.sigval).name, _left_on_disk(run_dir))
+        raise SystemExit(128 + e.sigval) from None
+    summary = run_dir / "summary.json"
+    return json.loads(summary.read_text())["final_eval"] if summary.is_file() else {}
+
+
+def _left_on_disk(run_dir: Path) -> str:
+    done = complete_checkpoints(run_dir)
+    if not done:
+        return "No checkpoint was written."
+    return (f"The last complete checkpoint is {done[-1]}: continue with the same command plus "
+            f"trainer.resume=auto hydra.run.dir={run_dir}")
+
+
+def _join(cfg: DictConfig) -> None:
+    """Join the process group of the launcher's environment (RANK, WORLD_SIZE, MASTER_ADDR...),
+    giving this rank its share of the machine's cores."""
+    # A process group of its own: a terminal's Ctrl-C then reaches the launcher alone, which passes it on
+    # to every rank once (else each rank would get it twice, and a second signal stops a rank at once).
+    with contextlib.suppress(OSError):
+        os.setpgid(0, 0)
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    if cfg.trainer.num_threads is None and local_world > 1:  # before the engine starts: vLLM pins its threads
+        torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // local_world))
+    backend = "gloo"
+    if cfg.trainer.device in ("auto", "cuda") and torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+        backend = "nccl"
+    dist.init_process_group(backend, timeout=timedelta(seconds=cfg.trainer.dist_timeout_s))
+    if rank() != 0:  # one voice: rank 0 says what the run does; the others only what fails
+        logging.getLogger("rlvr").setLevel(logging.ERROR)
+
+
+def _run_rank(fn: Callable[[DictConfig, Path], dict], cfg: DictConfig, run_dir: Path) -> dict:
+    """`fn` as one rank; then leave the group. A rank that fails exits at once (the launcher stops the
+    others): waiting in a collective for peers that went on would hang. One that succeeds returns (the
+    elastic launcher waits for its return value) and ends without the interpreter's teardown."""
+    code, me = 0, rank()  # (closing vLLM's engine ends the process group: rank() is 0 after it)
+    try:
+        fn(cfg, run_dir)
+    except RlvrError as e:
+        log.error("rank %d: %s", me, e)
+        code = 1
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 1
+    except BaseException:
+        log.exception("rank %d failed", me)
+        code = 1
+    for handler in logging.root.handlers + log.handlers:
+        handler.flush()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if code != 0:
+        os._exit(code)
+    if dist.is_initialized():  # (closing vLLM's engine may have ended the group already)
+        dist.barrier()
+        dist.destroy_process_group()
+    # Past a gloo backward, a normal interpreter exit sometimes aborts (DISTRIBUTED.md): the last
+    # thing at exit (atexit runs its handlers last-registered first) is to leave at once.
+    atexit.register(os._exit, 0)
+    return {}
+
+
+def _worker(fn: Callable[[DictConfig, Path], dict], resolved: str, run_dir: str, log_file: str | None) -> None:
+    """The entry point of each rank that `launch` starts (a fresh interpreter)."""
+    cfg = OmegaConf.create(resolved)
+    _join(cfg)
+    prefix = "" if rank() == 0 else f"[rank {rank()}] "
+    formatter = logging.Formatter(f"[%(asctime)s][%(name)s][%(levelname)s] - {prefix}%(message)s")
+    handlers: list[logging.Handler] = [logging.StreamHandler()]
+    if log_file:
+        handlers.append(logging.FileHandler(log_file))
+    for handler in handlers:
+        handler.setFormatter(formatter)
+        handler.setLevel(logging.NOTSET if rank() == 0 else logging.ERROR)
+        logging.root.addHandler(handler)
+    logging.root.setLevel(logging.INFO)
+    _run_rank(fn, cfg, Path(run_dir))
