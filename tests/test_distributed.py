@@ -110,7 +110,7 @@ def _same_run(a: Path, b: Path, steps) -> None:
         for key in COMPARED:
             if key in ma[step]:
                 assert mb[step][key] == ma[step][key], (step, key)  # the same samples, to the token
-        for key in ("loss", "grad_norm"):
+        for key in ("loss", "grad_norm", "entropy/sampled"):  # the last: mean -log p of every sampled token
             assert mb[step][key] == pytest.approx(ma[step][key], rel=1e-4, abs=1e-6), (step, key)
 
 
