@@ -3,15 +3,17 @@
     <run dir>/checkpoints/step-000040/
         model/               the policy: a Hugging Face folder (safetensors + tokenizer); with LoRA, merged
         adapter/             with LoRA (model.lora.r > 0): the adapter the learner resumes from (peft's folder)
-        optimizer.pt         AdamW state by parameter name, whole tensors (any world size resumes it), LR
-                             schedule, torch RNG state (loaded with weights_only=True)
+        optimizer/           AdamW's state (torch.distributed.checkpoint: each rank writes its shards; any
+                             number of ranks loads it)
+        trainer.pt           LR-scheduler state, torch RNG state (loaded with weights_only=True)
         trainer_state.json   step, task state (sampler position, curriculum), Python/NumPy RNG states,
                              reward error count
         metrics.jsonl        the metrics up to this step (put back into the run dir on resume)
 
 A checkpoint is written into a temporary folder and renamed into place, so a folder named
 `step-*` is always complete; older ones are pruned (`keep_last`) only after a new one is.
-Nothing is unpickled: safetensors, JSON, and torch's weights-only loader.
+Weights are safetensors, the trainer state JSON, trainer.pt goes through torch's weights-only loader;
+but torch.distributed.checkpoint's `optimizer/.metadata` is a pickle: resume only checkpoints you trust.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from rlvr.errors import RlvrError
 log = logging.getLogger("rlvr")
 
 PREFIX = "step-"
-FILES = ("model/config.json", "optimizer.pt", "trainer_state.json", "metrics.jsonl")
+FILES = ("model/config.json", "optimizer/.metadata", "trainer.pt", "trainer_state.json", "metrics.jsonl")
 
 
 class CheckpointError(RlvrError, RuntimeError):
@@ -76,7 +78,10 @@ def validate(path: Path) -> Path:
     try:
         state = json.loads((path / "trainer_state.json").read_text())
         int(state["step"])
-        torch.load(path / "optimizer.pt", weights_only=True, map_location="cpu")
+        torch.load(path / "trainer.pt", weights_only=True, map_location="cpu")
+        from torch.distributed.checkpoint import FileSystemReader
+
+        FileSystemReader(path / "optimizer").read_metadata()
         from safetensors import safe_open
 
         for weights in (path / "model").glob("*.safetensors"):
@@ -111,25 +116,35 @@ def save(run_dir: Path, step: int, learner, task, rewards, keep_last: int) -> Pa
 
     On failure (a full disk, say) the temporary folder is removed, the previous checkpoints stay
     as they were, and the error is raised for the caller to report. Across processes every rank calls
-    this: the whole weights and optimizer state are gathered (collectives), then rank 0 writes.
+    this: each writes its optimizer shards, the whole weights are gathered, then rank 0 writes the rest.
     """
     from rlvr import distributed
 
-    weights = learner.export_weights()
-    optimizer = learner.optimizer_state()
-    return distributed.on_rank0(_write, run_dir, step, learner, weights, optimizer, task, rewards, keep_last)
-
-
-def _write(run_dir: Path, step: int, learner, weights, optimizer: dict, task, rewards, keep_last: int) -> Path:
     folder = run_dir / "checkpoints"
-    folder.mkdir(parents=True, exist_ok=True)
     final = folder / f"{PREFIX}{step:06d}"
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=folder))
+    tmp = Path(distributed.on_rank0(_temporary, folder, final.name))  # one folder, named by rank 0
+    try:
+        learner.save_optimizer(tmp / "optimizer")  # DCP: a failure on one rank raises on every rank
+        weights = learner.export_weights()
+    except BaseException:
+        if distributed.rank() == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return distributed.on_rank0(_write, tmp, final, run_dir, step, learner, weights, task, rewards, keep_last)
+
+
+def _temporary(folder: Path, name: str) -> str:
+    folder.mkdir(parents=True, exist_ok=True)
+    return tempfile.mkdtemp(prefix=f".{name}.", dir=folder)
+
+
+def _write(tmp: Path, final: Path, run_dir: Path, step: int, learner, weights, task, rewards, keep_last: int) -> Path:
     try:
         learner.save(tmp / "model", weights)
         if learner.lora:
             learner.save_adapter(tmp / "adapter")
-        torch.save({**optimizer, "torch_rng": torch.get_rng_state()}, tmp / "optimizer.pt")
+        torch.save({"scheduler": learner.scheduler.state_dict(), "torch_rng": torch.get_rng_state()},
+                   tmp / "trainer.pt")
         np_state = np.random.get_state()
         state: dict[str, Any] = {
             "step": step,
@@ -156,12 +171,13 @@ def _write(run_dir: Path, step: int, learner, weights, optimizer: dict, task, re
 def load_state(path: Path, learner, task, rewards) -> int:
     """Restore optimizer, scheduler, RNGs, task and reward counters from a validated checkpoint;
     return its step. (The policy weights are loaded by building the learner from `path / "model"`.)"""
-    blob = torch.load(path / "optimizer.pt", weights_only=True, map_location="cpu")
     try:
-        learner.load_optimizer_state(blob)
-    except (KeyError, ValueError, RuntimeError) as e:
+        learner.load_optimizer(path / "optimizer")
+    except Exception as e:  # DCP wraps what went wrong (a missing key, a shape) in its own exception
         raise CheckpointError(f"checkpoint {path}: its optimizer state does not fit this model ({type(e).__name__}: "
                               f"{e}); it was written by another model, LoRA setting or rlvr version") from e
+    blob = torch.load(path / "trainer.pt", weights_only=True, map_location="cpu")
+    learner.scheduler.load_state_dict(blob["scheduler"])
     torch.set_rng_state(blob["torch_rng"])
     state = json.loads((path / "trainer_state.json").read_text())
     task.load_state_dict(state["task"])

@@ -122,6 +122,14 @@ def shard(model: torch.nn.Module) -> None:
     fully_shard(model)
 
 
+def reshard(model: torch.nn.Module) -> None:
+    """Put a sharded model's weights back into their shards. FSDP2 keeps the root unit (embeddings, final
+    norm) gathered after a forward, with plain tensors in the module's place of its DTensors; code that
+    maps the optimizer's parameters to the model's (its state dict) needs the DTensors there."""
+    if hasattr(model, "reshard"):
+        model.reshard()
+
+
 def full(tensor: torch.Tensor) -> torch.Tensor:
     """The whole tensor of a (possibly) sharded one; every rank must call this in the same order."""
     return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor

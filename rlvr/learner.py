@@ -353,23 +353,34 @@ class Learner:
         model.save_pretrained(path, state_dict=weights)
         self.tokenizer.save_pretrained(path)
 
-    def optimizer_state(self) -> dict:
-        """AdamW's state by parameter name (whole tensors, not shards; the same layout for any number of
-        processes, so a run resumes with another world size) and the LR schedule's; across processes a
-        collective, complete on rank 0."""
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+    def save_optimizer(self, path: Path) -> None:
+        """AdamW's state into the folder `path` with torch.distributed.checkpoint: by parameter name, each
+        rank writing its own shards (a collective; one process writes whole tensors). Any number of
+        processes loads it back (`load_optimizer`): DCP reshards on load."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
-        state = get_optimizer_state_dict(self.model, self.optimizer,
-                                         options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-        return {"optimizer": state, "scheduler": self.scheduler.state_dict()}
+        distributed.reshard(self.model)
+        try:
+            dcp.save({"optimizer": get_optimizer_state_dict(self.model, self.optimizer)}, checkpoint_id=path)
+        except dcp.api.CheckpointException as e:  # a BaseException: give the callers what failed, as an OSError
+            rank, (error, _) = next(iter(e.failures.items()))
+            raise OSError(f"writing the optimizer state failed on rank {rank} (a full disk, or a file size limit?): "
+                          f"{type(error).__name__}: {error}") from e
 
-    def load_optimizer_state(self, state: dict) -> None:
-        """Put back what `optimizer_state` returned (each rank takes its shards of the whole tensors)."""
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+    def load_optimizer(self, path: Path) -> None:
+        """Put back the AdamW state `save_optimizer` wrote, whatever world size wrote it (a collective)."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
 
-        set_optimizer_state_dict(self.model, self.optimizer, state["optimizer"],
-                                 options=StateDictOptions(full_state_dict=True))
-        self.scheduler.load_state_dict(state["scheduler"])
+        distributed.reshard(self.model)
+        state = {"optimizer": get_optimizer_state_dict(self.model, self.optimizer)}  # the layout to fill
+        try:
+            dcp.load(state, checkpoint_id=path)
+        except dcp.api.CheckpointException as e:
+            rank, (error, _) = next(iter(e.failures.items()))
+            raise RuntimeError(f"rank {rank}: {type(error).__name__}: {error}") from e
+        set_optimizer_state_dict(self.model, self.optimizer, state["optimizer"])
 
     def save_adapter(self, path: Path) -> None:
         """The LoRA adapter (peft's folder: adapter_config.json, adapter_model.safetensors)."""
