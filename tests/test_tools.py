@@ -242,6 +242,10 @@ def test_multi_turn_rollouts_train_on_exactly_the_engines_tokens(backend, tool_m
         # the same seed repeats every turn
         again = turns.generate(prompts, ids, n=4, seed=5)
         assert [r.completion_ids for r in again] == [r.completion_ids for r in rollouts]
+        # split as ranks split a call (rlvr.distributed.split: prompt 1 alone, seeded 5 + 1 * 4), every
+        # turn samples what it samples in the whole call
+        halves = turns.generate(prompts[:1], ids[:1], n=4, seed=5) + turns.generate(prompts[1:], ids[1:], n=4, seed=9)
+        assert [r.completion_ids for r in halves] == [r.completion_ids for r in rollouts]
         # no turn left to answer the call: it ends there
         one = ToolRollouts(engine, learner.tokenizer, box, 64, 1, None, cfg.rollout.max_model_len)
         for r in one.generate(prompts, ids, n=1, seed=5, greedy=True):

@@ -36,13 +36,14 @@ CANARY_NEW_TOKENS = 4
 class Engine(Protocol):
     """A rollout engine serving the current policy."""
 
-    def generate(self, prompts: list[Prompt], prompt_ids: list[list[int]], n: int, seed: int,
+    def generate(self, prompts: list[Prompt], prompt_ids: list[list[int]], n: int, seed: int | list[int],
                  greedy: bool = False, context: str = "", stop: list[str] | None = None,
                  max_tokens: list[int] | None = None) -> list[Rollout]:
         """`n` completions of each prompt (group i holds rollouts i*n .. i*n+n-1), each with the
         logprobs of its sampled tokens under the sampling distribution (softmax of logits /
         temperature). Sample j of prompt i draws from its own stream, seeded `seed + i*n + j`: one
-        call's samples never share a stream, and the same seed repeats them.
+        call's samples never share a stream, and the same seed repeats them. A list of seeds gives
+        each prompt its own instead (sample j of prompt i: `seed[i] + j`; see `rlvr.rollout.request_seeds`).
 
         A completion ends at eos, at `rollout.max_tokens` (or prompt i's own `max_tokens[i]`), or at the
         first token after which its text contains one of the `stop` strings (finish reason "stop",

@@ -22,6 +22,7 @@ from omegaconf import DictConfig
 
 from rlvr.errors import EngineError, WeightSyncError
 from rlvr.learner import token_logprobs
+from rlvr.rollout import request_seeds
 from rlvr.types import Prompt, Rollout
 
 # Rows (samples) decoded together; a call with more runs in chunks of this many, so that the KV cache
@@ -48,17 +49,18 @@ class TransformersEngine:
         # Per-sample generators live on CUDA there (sampling stays on the GPU), else on the CPU.
         self.generator_device = "cuda" if torch.device(device).type == "cuda" else "cpu"
 
-    def generate(self, prompts: list[Prompt], prompt_ids: list[list[int]], n: int, seed: int,
+    def generate(self, prompts: list[Prompt], prompt_ids: list[list[int]], n: int, seed: int | list[int],
                  greedy: bool = False, context: str = "", stop: list[str] | None = None,
                  max_tokens: list[int] | None = None) -> list[Rollout]:
         rows = [(i, j) for i in range(len(prompts)) for j in range(n)]
+        seeds = request_seeds(seed, len(prompts), n)
         out = []
         try:
             for start in range(0, len(rows), ROWS_PER_BATCH):
                 chunk = rows[start : start + ROWS_PER_BATCH]
                 distinct = sorted({i for i, _ in chunk})
                 out += self._decode([prompt_ids[i] for i in distinct], [distinct.index(i) for i, _ in chunk],
-                                    [seed + i * n + j for i, j in chunk], temperature=self.cfg.temperature,
+                                    [seeds[i] + j for i, j in chunk], temperature=self.cfg.temperature,
                                     max_new=[self.cfg.max_tokens if max_tokens is None else max_tokens[i]
                                              for i, _ in chunk], greedy=greedy, stop=stop)
         except Exception as e:

@@ -50,9 +50,13 @@ class ToolRollouts:
 
     def generate(self, prompts: list[Prompt], prompt_ids: list[list[int]], n: int, seed: int,
                  greedy: bool = False, context: str = "") -> list[Rollout]:
+        """`Engine.generate` with tool calls answered between turns (the first turn seeded as there;
+        each later turn of a conversation by its first turn's seed and the turn's number)."""
         rollouts = self.engine.generate(prompts, prompt_ids, n, seed, greedy, context, stop=[CALL_CLOSE],
                                         max_tokens=[min(self.max_tokens, self.max_model_len - len(ids))
                                                     for ids in prompt_ids])
+        # Sample k of the call was seeded seed + k (see Engine.generate); it stays its identity.
+        sample_seed = {id(r): seed + k for k, r in enumerate(rollouts)}
         for r in rollouts:
             r.completion_mask = [1] * len(r.completion_ids)
             r.conversation = [{"role": "assistant", "content": r.text}]
@@ -61,10 +65,11 @@ class ToolRollouts:
             waiting = [r for r in waiting if self._answer_call(r, last_turn=turn > self.max_turns)]
             if not waiting:
                 break
-            # Each conversation continues as a prompt of its own; the seeds depend on (seed, turn) only.
-            turn_seed = random.Random(f"{seed}-turn-{turn}").randrange(2**31 - 2**20)
+            # Each conversation continues as a prompt of its own, seeded by (its first turn's seed, turn)
+            # alone: what else waits, and how a call over ranks split the prompts, changes nothing.
+            seeds = [random.Random(f"{sample_seed[id(r)]}-turn-{turn}").randrange(2**31 - 2**20) for r in waiting]
             more = self.engine.generate([r.prompt for r in waiting], [r.prompt_ids + r.completion_ids for r in waiting],
-                                        1, turn_seed, greedy, f"{context}, tool turn {turn}", stop=[CALL_CLOSE],
+                                        1, seeds, greedy, f"{context}, tool turn {turn}", stop=[CALL_CLOSE],
                                         max_tokens=[self._budget(r) for r in waiting])
             for r, m in zip(waiting, more, strict=True):
                 r.completion_ids += m.completion_ids

@@ -20,6 +20,7 @@ import torch
 from omegaconf import DictConfig
 
 from rlvr.errors import EngineConfigError, EngineError, WeightSyncError
+from rlvr.rollout import request_seeds
 from rlvr.types import Prompt, Rollout
 
 log = logging.getLogger(__name__)
@@ -129,7 +130,7 @@ class VllmEngine:
         except Exception as e:
             raise EngineError(f"the vLLM engine failed {what}: {type(e).__name__}: {e}") from e
 
-    def generate(self, prompts: list[Prompt], prompt_ids: list[list[int]], n: int, seed: int,
+    def generate(self, prompts: list[Prompt], prompt_ids: list[list[int]], n: int, seed: int | list[int],
                  greedy: bool = False, context: str = "", stop: list[str] | None = None,
                  max_tokens: list[int] | None = None) -> list[Rollout]:
         """`n` completions of each prompt: one request per prompt (vLLM shares its KV across the group).
@@ -137,10 +138,11 @@ class VllmEngine:
         vLLM seeds sample j of a request with the request's seed + j, so request i is seeded with
         `seed + i * n`: every sample of the call has a stream of its own (seed + i * n + j), and a
         step's samples repeat exactly for the same seed. `context` (e.g. "at step 7") goes into the
-        message should the engine fail. `stop`, `max_tokens`: see `Engine.generate`.
+        message should the engine fail. `seed` as a list, `stop`, `max_tokens`: see `Engine.generate`.
         """
         from vllm import SamplingParams
 
+        seeds = request_seeds(seed, len(prompts), n)
         params = [
             SamplingParams(
                 n=n,
@@ -148,7 +150,7 @@ class VllmEngine:
                 top_p=1.0 if greedy else self.cfg.top_p,
                 max_tokens=self.cfg.max_tokens if max_tokens is None else max_tokens[i],
                 logprobs=0,  # the sampled token's own logprob
-                seed=seed + i * n,
+                seed=seeds[i],
                 stop=stop,
                 include_stop_str_in_output=True,
             )
