@@ -143,8 +143,7 @@ def _write(tmp: Path, final: Path, run_dir: Path, step: int, learner, weights, t
         learner.save(tmp / "model", weights)
         if learner.lora:
             learner.save_adapter(tmp / "adapter")
-        torch.save({"scheduler": learner.scheduler.state_dict(), "torch_rng": torch.get_rng_state()},
-                   tmp / "trainer.pt")
+        torch.save({**learner.state_dict(), "torch_rng": torch.get_rng_state()}, tmp / "trainer.pt")
         np_state = np.random.get_state()
         state: dict[str, Any] = {
             "step": step,
@@ -177,7 +176,7 @@ def load_state(path: Path, learner, task, rewards) -> int:
         raise CheckpointError(f"checkpoint {path}: its optimizer state does not fit this model ({type(e).__name__}: "
                               f"{e}); it was written by another model, LoRA setting or rlvr version") from e
     blob = torch.load(path / "trainer.pt", weights_only=True, map_location="cpu")
-    learner.scheduler.load_state_dict(blob["scheduler"])
+    learner.load_state_dict(blob)
     torch.set_rng_state(blob["torch_rng"])
     state = json.loads((path / "trainer_state.json").read_text())
     task.load_state_dict(state["task"])

@@ -81,6 +81,35 @@ def shared_prefix_choice(setting: str | bool, model_type: str, group_size: int) 
     return True, f"a {model_type} model; each prompt is forwarded once instead of {group_size} times"
 
 
+def load_policy(model_path: Path):
+    """The causal LM in `model_path` with float32 weights, and its tokenizer (which must have a chat template)."""
+    try:
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    except (OSError, ValueError) as e:
+        raise ModelError(f"model.path={str(model_path)!r} cannot be loaded as a causal LM: {e}") from e
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    if tokenizer.chat_template is None:
+        raise ModelError(f"the tokenizer of model.path={str(model_path)!r} has no chat template; the task's "
+                         "prompts are chat messages. Use an instruct/chat model or add a chat_template.")
+    return model, tokenizer
+
+
+def tied_names(model: torch.nn.Module) -> set[str]:
+    """Names of weights tied to another (an LM head that is the embedding): a checkpoint holds them once."""
+    return ({n for n, _ in model.named_parameters(remove_duplicate=False)} - {n for n, _ in model.named_parameters()})
+
+
+def make_optimizer(model: torch.nn.Module, optim: DictConfig):
+    """AdamW over what trains (every weight, or with LoRA the adapters alone: only they get optimizer
+    state), and its schedule: linear warmup over `optim.warmup_steps` RL steps, then constant."""
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=optim.lr,
+                                  betas=tuple(optim.betas), weight_decay=optim.weight_decay)
+    warmup = optim.warmup_steps
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup > 0 else 1.0)
+    return optimizer, scheduler
+
+
 class Learner:
     """A transformers causal LM trained with AdamW on float32 master weights (computing in bf16 under
     `precision` bf16-mixed); a frozen copy serves as the KL reference when used."""
@@ -93,19 +122,12 @@ class Learner:
         model a KL term is measured against (default: `model_path`); `precision`: fp32 when None.
         With `lora` (`model.lora`, r > 0), `model_path` is the frozen base and adapters train on it,
         starting from those saved in `adapter_path` when given (a resumed run)."""
-        try:
-            self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
-        except (OSError, ValueError) as e:
-            raise ModelError(f"model.path={str(model_path)!r} cannot be loaded as a causal LM: {e}") from e
+        # Built in stages: load -> wrap (LoRA adapters, or FSDP2 shards across processes) -> optimizer.
+        self.model, self.tokenizer = load_policy(model_path)
         self.lora = lora is not None and lora.r > 0
-        if self.lora:
-            self.model = with_adapters(self.model, lora, adapter_path)
-        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
-        if self.tokenizer.chat_template is None:
-            raise ModelError(f"the tokenizer of model.path={str(model_path)!r} has no chat template; the task's "
-                             "prompts are chat messages. Use an instruct/chat model or add a chat_template.")
+        self.tied = tied_names(self.model)
+        self.model = self._wrap(self.model, lora, adapter_path, device)
         self.device = device
-        self.model.to(device).train()
         self.algo, self.optim_cfg, self.trainer = algorithm, optim, trainer
         self.temperature, self.max_tokens = temperature, max_tokens
         # The KL reference: with LoRA the base model with its adapters switched off, else a frozen copy.
@@ -113,19 +135,7 @@ class Learner:
         if (algorithm.kl.coef > 0 or algorithm.kl.reward_coef > 0) and not self.lora:  # only built when used
             self.ref = AutoModelForCausalLM.from_pretrained(reference_path or model_path, dtype=torch.float32)
             self.ref.to(device).eval().requires_grad_(False)
-        # names of weights tied to another (an LM head that is the embedding): a file holds them once
-        self.tied = ({n for n, _ in self.model.named_parameters(remove_duplicate=False)}
-                     - {n for n, _ in self.model.named_parameters()})
-        if distributed.world_size() > 1:  # a process group: each rank holds a shard (rlvr.distributed)
-            if self.lora:
-                raise ModelError("LoRA is not supported across processes yet: use one process, or model.lora.r=0")
-            distributed.shard(self.model)
-        # Only what trains has optimizer state: every weight, or with LoRA the adapters alone.
-        self.optimizer = torch.optim.AdamW([p for p in self.model.parameters() if p.requires_grad], lr=optim.lr,
-                                           betas=tuple(optim.betas), weight_decay=optim.weight_decay)
-        warmup = optim.warmup_steps
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup > 0 else 1.0)
+        self.optimizer, self.scheduler = make_optimizer(self.model, optim)
         self.shared_prefix, why = shared_prefix_choice(trainer.shared_prefix, self.model.config.model_type,
                                                        algorithm.group_size)
         self.bf16 = precision is not None and precision.bf16
@@ -140,6 +150,27 @@ class Learner:
                  trainer.shared_prefix, why,
                  "; TIS cap 2.0 for the bf16 mismatch" if self.tis_cap != algorithm.tis_cap else "")
         self.tokens = 0  # tokens through a model this step (see `step`)
+
+    def _wrap(self, model: torch.nn.Module, lora: DictConfig | None, adapter_path: Path | None,
+              device: str) -> torch.nn.Module:
+        """The loaded model as it trains: with LoRA adapters (frozen base), on `device`, and across
+        processes sharded by FSDP2 (each rank holding a shard of every weight)."""
+        if self.lora:
+            model = with_adapters(model, lora, adapter_path)
+        model.to(device).train()
+        if distributed.world_size() > 1:  # a process group: each rank holds a shard (rlvr.distributed)
+            if self.lora:
+                raise ModelError("LoRA is not supported across processes yet: use one process, or model.lora.r=0")
+            distributed.shard(model)
+        return model
+
+    def state_dict(self) -> dict:
+        """What a checkpoint's trainer.pt keeps of the learner: its LR schedule. (The weights: `export_weights`;
+        AdamW's state, sharded across processes: `save_optimizer`.)"""
+        return {"scheduler": self.scheduler.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.scheduler.load_state_dict(state["scheduler"])
 
     @property
     def pad_id(self) -> int:
