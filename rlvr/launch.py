@@ -41,6 +41,10 @@ class DistributedError(RlvrError, RuntimeError):
     """A rank failed or was stopped; the message names the rank and what is left on disk."""
 
 
+# A rank's exit code when a collective gave up waiting for the others (timeout(1)'s code).
+TIMED_OUT = 124
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -93,6 +97,12 @@ def launch(fn: Callable[[DictConfig, Path], dict], cfg: DictConfig, run_dir: Pat
         failed, failure = e.get_first_failure()
         how = (f"was killed by {failure.signal_name()}" if failure.exitcode < 0
                else f"exited with code {failure.exitcode}")
+        if failure.exitcode == TIMED_OUT:  # it waited for the others; the hung ones are those still running
+            mine = range(t.node_rank * t.nproc_per_node, (t.node_rank + 1) * t.nproc_per_node)
+            silent = [r for r in mine if r not in e.failures]
+            how = (f"gave up waiting for the other ranks after trainer.dist_timeout_s={t.dist_timeout_s:g} s"
+                   + (f" (rank {', '.join(map(str, silent))} of this node never joined that collective: hung?)"
+                      if silent else ""))
         raise DistributedError(f"rank {failed} (pid {failure.pid}) {how}; the other ranks were stopped. "
                                + _left_on_disk(run_dir)) from None
     except SignalException as e:
@@ -142,9 +152,14 @@ def _run_rank(fn: Callable[[DictConfig, Path], dict], cfg: DictConfig, run_dir: 
         code = 1
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else 1
-    except BaseException:
-        log.exception("rank %d failed", me)
-        code = 1
+    except BaseException as e:
+        if _timed_out(e):
+            log.error("rank %d: a collective waited trainer.dist_timeout_s=%g s for the other ranks: %s", me,
+                      cfg.trainer.dist_timeout_s, e)
+            code = TIMED_OUT
+        else:
+            log.exception("rank %d failed", me)
+            code = 1
     for handler in logging.root.handlers + log.handlers:
         handler.flush()
     sys.stdout.flush()
@@ -158,6 +173,12 @@ def _run_rank(fn: Callable[[DictConfig, Path], dict], cfg: DictConfig, run_dir: 
     # thing at exit (atexit runs its handlers last-registered first) is to leave at once.
     atexit.register(os._exit, 0)
     return {}
+
+
+def _timed_out(error: BaseException) -> bool:
+    """Whether `error` is a collective's timeout (gloo and NCCL say so only in their messages)."""
+    text = str(error).lower()
+    return isinstance(error, RuntimeError) and ("timeout" in text or "timed out" in text)
 
 
 def _worker(fn: Callable[[DictConfig, Path], dict], resolved: str, run_dir: str, log_file: str | None) -> None:

@@ -3,6 +3,7 @@ the whole batch: the same loss, gradient norm and weights after the step."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 from pathlib import Path
@@ -226,6 +227,32 @@ def test_a_killed_rank_stops_the_group_naming_it(tmp_path, cache_dir):
     import psutil
 
     assert not psutil.pid_exists(min(workers)) or psutil.Process(min(workers)).status() == psutil.STATUS_ZOMBIE
+
+
+def test_a_hung_rank_stops_the_group_within_the_timeout(tmp_path, cache_dir):
+    """SIGSTOP one rank mid-run (a hang: alive, silent): the other's next collective gives up after
+    trainer.dist_timeout_s, and the launcher stops the group with one message naming the hung rank."""
+    import signal
+
+    run_dir = tmp_path / "run"
+    process = _start([*TRAIN, "trainer.max_steps=500", "trainer.save_every=1", "trainer.nproc_per_node=2",
+                      "trainer.dist_timeout_s=20", f"hydra.run.dir={run_dir}"], cache_dir)
+    try:
+        _wait_for_step(run_dir, 2, process)
+        workers = _workers(process.pid)
+        assert len(workers) == 2
+        os.kill(max(workers), signal.SIGSTOP)
+        out, _ = process.communicate(timeout=600)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+        for pid in workers:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    assert process.returncode == 1, out[-3000:]
+    assert (f"rank 0 (pid {min(workers)}) gave up waiting for the other ranks after trainer.dist_timeout_s=20 s "
+            "(rank 1 of this node never joined that collective: hung?); the other ranks were stopped. "
+            "The last complete checkpoint is") in out, out[-3000:]
 
 
 def test_ctrl_c_stops_every_rank_after_its_step_with_one_checkpoint(tmp_path, cache_dir):
