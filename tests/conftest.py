@@ -23,11 +23,17 @@ os.environ.setdefault("VLLM_CACHE_ROOT", str(REPO / ".cache" / "vllm"))
 # The suite computes in float32 on every CPU kind, so that what passes on one machine passes on another
 # (trainer.precision's default, auto, picks bf16-mixed on CPUs with bf16 units); tests of bf16 say so.
 FP32 = "trainer.precision=fp32"
+# The tests of the loop were written against GRPO's step (one sampling round); `+experiment=multiplication`
+# runs DAPO, whose dynamic sampling draws more rounds: the suite pins GRPO, and tests of DAPO set it.
+GRPO = "algorithm=grpo"
 
 
 def pinned(overrides: list[str]) -> list[str]:
-    """`overrides` plus trainer.precision=fp32, unless they set the precision themselves."""
-    return overrides if any("trainer.precision=" in o for o in overrides) else [*overrides, FP32]
+    """`overrides` plus trainer.precision=fp32 and algorithm=grpo, unless they set these themselves."""
+    extra = [] if any("trainer.precision=" in o for o in overrides) else [FP32]
+    if not any(o.startswith(("algorithm=", "+algorithm=")) for o in overrides):
+        extra.append(GRPO)
+    return [*overrides, *extra]
 
 
 @pytest.fixture(scope="session")

@@ -53,6 +53,17 @@ def test_overrides_from_the_contract_apply():
     assert cfg.model.path.endswith("models/tiny")
 
 
+def test_make_train_runs_dapo_unless_told_otherwise():
+    """`make train`'s experiment runs DAPO (README, What make train does; the suite pins GRPO), and an
+    algorithm on the command line replaces it."""
+    assert compose_config(["+experiment=multiplication", "algorithm=dapo"]).algorithm.dynamic_sampling.enabled
+    unpinned = subprocess.run([RLVR, "train", "+experiment=multiplication", "--cfg", "job", "--package", "algorithm"],
+                              capture_output=True, text=True, timeout=120)
+    assert unpinned.returncode == 0, unpinned.stderr[-2000:]
+    assert "name: dapo" in unpinned.stdout and "clip_eps_high: 0.28" in unpinned.stdout
+    assert compose_config(["+experiment=multiplication", "algorithm=grpo"]).algorithm.name == "grpo"
+
+
 @pytest.mark.parametrize("override, key", [
     ("algorithm.group_size=1", "algorithm.group_size"),
     ("algorithm.loss_agg=token_avg", "algorithm.loss_agg"),

@@ -54,7 +54,9 @@ def overrides_of(command: str) -> list[list[str]] | str:
         return "'...' stands for the reader's own overrides"
     if any(a.startswith("--config-dir") for a in args):
         return "a config dir of the reader's own: tests/test_tasks_e2e.py runs this example"
-    assert not [a for a in args if "…" in a or re.search(r"<[^>]*>", a)], f"unfilled placeholder in {command!r}"
+    # <...> is a placeholder, except the answer tags a prompt template asks for
+    assert not [a for a in args if "…" in a or re.search(r"<(?!/?answer>)[^>]*>", a)], \
+        f"unfilled placeholder in {command!r}"
     multirun = bool({"-m", "--multirun"} & set(args))
     args = [a for i, a in enumerate(args) if a not in FLAGS and not (i and args[i - 1] == "--cfg")]
     parsed = OverridesParser.create().parse_overrides(args)
