@@ -204,28 +204,44 @@ def _wait_for_step(run_dir: Path, step: int, process, timeout: float = 900) -> N
         time.sleep(0.5)
 
 
-def test_a_killed_rank_stops_the_group_naming_it(tmp_path, cache_dir):
-    """SIGKILL one rank mid-run: the launcher stops the other and exits with one message naming the rank and
-    the last complete checkpoint (never a hang: the wait below only guards the test)."""
+def _signal_rank_1(sig: int, tmp_path: Path, cache_dir: Path, *overrides: str):
+    """Start a 2-rank run that checkpoints every step, send rank 1 `sig` after step 2, and wait for the
+    launcher (never a hang: the waits only guard the test). Returns its exit code, output and rank pids."""
     import signal
+
+    import psutil
 
     run_dir = tmp_path / "run"
     process = _start([*TRAIN, "trainer.max_steps=500", "trainer.save_every=1", "trainer.nproc_per_node=2",
-                      f"hydra.run.dir={run_dir}"], cache_dir)
+                      *overrides, f"hydra.run.dir={run_dir}"], cache_dir)
+    workers: list[int] = []
     try:
         _wait_for_step(run_dir, 2, process)
         workers = _workers(process.pid)
         assert len(workers) == 2
-        os.kill(max(workers), signal.SIGKILL)
+        os.kill(max(workers), sig)
         out, _ = process.communicate(timeout=600)
     finally:
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
-    assert process.returncode == 1, out[-3000:]
-    assert "was killed by SIGKILL; the other ranks were stopped. The last complete checkpoint is" in out, out[-3000:]
-    assert "trainer.resume=auto" in out
+        for pid in workers:  # a stopped rank left behind (the others are the launcher's to stop: tested)
+            with contextlib.suppress(psutil.NoSuchProcess):
+                if psutil.Process(pid).status() == psutil.STATUS_STOPPED:
+                    os.kill(pid, signal.SIGKILL)
+    return process.returncode, out, workers
+
+
+def test_a_killed_rank_stops_the_group_naming_it(tmp_path, cache_dir):
+    """SIGKILL one rank mid-run: the launcher stops the other and exits with one message naming the rank and
+    the last complete checkpoint."""
+    import signal
+
     import psutil
 
+    code, out, workers = _signal_rank_1(signal.SIGKILL, tmp_path, cache_dir)
+    assert code == 1, out[-3000:]
+    assert "was killed by SIGKILL; the other ranks were stopped. The last complete checkpoint is" in out, out[-3000:]
+    assert "trainer.resume=auto" in out
     assert not psutil.pid_exists(min(workers)) or psutil.Process(min(workers)).status() == psutil.STATUS_ZOMBIE
 
 
@@ -234,22 +250,8 @@ def test_a_hung_rank_stops_the_group_within_the_timeout(tmp_path, cache_dir):
     trainer.dist_timeout_s, and the launcher stops the group with one message naming the hung rank."""
     import signal
 
-    run_dir = tmp_path / "run"
-    process = _start([*TRAIN, "trainer.max_steps=500", "trainer.save_every=1", "trainer.nproc_per_node=2",
-                      "trainer.dist_timeout_s=20", f"hydra.run.dir={run_dir}"], cache_dir)
-    try:
-        _wait_for_step(run_dir, 2, process)
-        workers = _workers(process.pid)
-        assert len(workers) == 2
-        os.kill(max(workers), signal.SIGSTOP)
-        out, _ = process.communicate(timeout=600)
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-        for pid in workers:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-    assert process.returncode == 1, out[-3000:]
+    code, out, workers = _signal_rank_1(signal.SIGSTOP, tmp_path, cache_dir, "trainer.dist_timeout_s=20")
+    assert code == 1, out[-3000:]
     assert (f"rank 0 (pid {min(workers)}) gave up waiting for the other ranks after trainer.dist_timeout_s=20 s "
             "(rank 1 of this node never joined that collective: hung?); the other ranks were stopped. "
             "The last complete checkpoint is") in out, out[-3000:]
