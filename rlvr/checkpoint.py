@@ -133,6 +133,26 @@ def save(run_dir: Path, step: int, learner, task, rewards, keep_last: int) -> Pa
     return distributed.on_rank0(_write, tmp, final, run_dir, step, learner, weights, task, rewards, keep_last)
 
 
+def save_or_report(run_dir: Path, step: int, learner, task, rewards, keep_last: int) -> Path | None:
+    """`save`, for the loop: a failed write (a full disk: OSError, SafetensorError or RuntimeError) is
+    logged, naming the previous checkpoint, which is intact, and the run goes on (None). A collective's
+    timeout is raised, not reported: a rank that never came must end the run (rlvr.launch), not make it
+    try again at the next collective."""
+    from rlvr import distributed
+
+    try:
+        path = save(run_dir, step, learner, task, rewards, keep_last)
+    except Exception as e:
+        if distributed.timed_out(e):
+            raise
+        previous = complete_checkpoints(run_dir)
+        log.error("checkpoint of step %d failed (%s); %s", step, e,
+                  f"the previous one, {previous[-1]}, is intact" if previous else "there is no earlier one")
+        return None
+    log.info("checkpoint: %s", path)
+    return path
+
+
 def _temporary(folder: Path, name: str) -> str:
     folder.mkdir(parents=True, exist_ok=True)
     return tempfile.mkdtemp(prefix=f".{name}.", dir=folder)

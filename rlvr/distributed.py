@@ -41,6 +41,13 @@ def rank() -> int:
     return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
 
+def timed_out(error: BaseException) -> bool:
+    """Whether `error` is a collective's timeout: another rank never joined it (gloo and NCCL say so
+    only in their messages). Nothing that catches errors may swallow one: the run must end."""
+    text = str(error).lower()
+    return isinstance(error, RuntimeError) and ("timeout" in text or "timed out" in text)
+
+
 def share(n: int) -> tuple[int, int]:
     """[start, stop) of this rank's contiguous share of `n` items (the first ranks get one less when
     `n` does not divide)."""

@@ -31,7 +31,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from rlvr.checkpoint import complete_checkpoints
 from rlvr.config import check
-from rlvr.distributed import on_rank0, rank
+from rlvr.distributed import on_rank0, rank, timed_out
 from rlvr.errors import RlvrError
 
 log = logging.getLogger("rlvr")
@@ -153,7 +153,7 @@ def _run_rank(fn: Callable[[DictConfig, Path], dict], cfg: DictConfig, run_dir: 
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else 1
     except BaseException as e:
-        if _timed_out(e):
+        if timed_out(e):
             log.error("rank %d: a collective waited trainer.dist_timeout_s=%g s for the other ranks: %s", me,
                       cfg.trainer.dist_timeout_s, e)
             code = TIMED_OUT
@@ -173,12 +173,6 @@ def _run_rank(fn: Callable[[DictConfig, Path], dict], cfg: DictConfig, run_dir: 
     # thing at exit (atexit runs its handlers last-registered first) is to leave at once.
     atexit.register(os._exit, 0)
     return {}
-
-
-def _timed_out(error: BaseException) -> bool:
-    """Whether `error` is a collective's timeout (gloo and NCCL say so only in their messages)."""
-    text = str(error).lower()
-    return isinstance(error, RuntimeError) and ("timeout" in text or "timed out" in text)
 
 
 def _worker(fn: Callable[[DictConfig, Path], dict], resolved: str, run_dir: str, log_file: str | None) -> None:

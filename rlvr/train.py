@@ -264,15 +264,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, float]:
         return shaped_scores(rollouts, rewards, learner, cfg)
 
     def save_checkpoint(step: int) -> Path | None:
-        try:
-            path = checkpoint.save(run_dir, step, learner, task, rewards, cfg.trainer.keep_last)
-        except Exception as e:  # a full disk surfaces as OSError, SafetensorError or RuntimeError
-            previous = checkpoint.complete_checkpoints(run_dir)
-            log.error("checkpoint of step %d failed (%s); %s", step, e,
-                      f"the previous one, {previous[-1]}, is intact" if previous else "there is no earlier one")
-            return None
-        log.info("checkpoint: %s", path)
-        return path
+        return checkpoint.save_or_report(run_dir, step, learner, task, rewards, cfg.trainer.keep_last)
 
     monitor = DegenerationMonitor([t for t in rewards.weights if t != cfg.reward.correct_term])
     canary_warned = False

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from rlvr import distributed
 from rlvr.learner import Learner, make_batch
 from rlvr.types import Prompt, Rollout
 
@@ -82,6 +83,53 @@ def test_two_ranks_make_the_single_process_update(shared_prefix, tmp_path, cache
         assert torch.allclose(two["weights"][name], weight, atol=1e-6), name
         moved = max(moved, float((weight - before[name]).abs().max()))
     assert moved > 1e-4  # the step did change the weights
+
+
+def _hang_in_checkpoint(rank: int, joins: int, init_file: str, cfg, tiny_path: Path, run_dir: Path, out: Path):
+    """Rank 1 takes part in the first `joins` collectives of a checkpoint, then hangs; rank 0 saves."""
+    import time
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from rlvr import checkpoint
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2,
+                            timeout=timedelta(seconds=5))
+    learner = _learner(cfg, tiny_path)
+    if rank == 1:
+        if joins:  # the temporary folder's name, broadcast by rank 0; the optimizer's DCP write comes next
+            distributed.on_rank0(lambda: None)
+        time.sleep(60)
+        os._exit(0)
+    try:  # (task and rewards: the hang comes before anything reads them)
+        result = repr(checkpoint.save_or_report(run_dir, 1, learner, None, None, keep_last=0))
+    except BaseException as e:
+        result = f"raised {type(e).__name__}: {e}"
+    out.write_text(result)
+    os._exit(0)
+
+
+@pytest.mark.parametrize("joins", [0, 1], ids=["at-once", "in-dcp"])
+def test_a_rank_hung_in_a_checkpoint_ends_the_run(joins, tmp_path, cache_dir, tiny_path):
+    """A collective that times out inside a checkpoint is raised (the launcher then names the hung rank),
+    not reported as a failed write that the run goes on from, into the next collective's timeout."""
+    import torch.multiprocessing as mp
+
+    cfg = compose_config(["model=tiny"], cache_dir)
+    out = tmp_path / "rank0.txt"
+    context = mp.start_processes(_hang_in_checkpoint, nprocs=2, start_method="spawn", join=False,
+                                 args=(joins, str(tmp_path / "init"), cfg, tiny_path, tmp_path / "run", out))
+    try:
+        while not out.exists() and all(p.is_alive() for p in context.processes):
+            context.processes[0].join(1)
+    finally:
+        for p in context.processes:
+            p.kill()
+    result = out.read_text()
+    assert result.startswith("raised") and distributed.timed_out(RuntimeError(result)), result
+    assert not list((tmp_path / "run" / "checkpoints").glob("step-*"))  # nothing half-written in place
 
 
 # --- `rlvr train` across processes: the launch, the split rollouts, checkpoints, faults ---------------
