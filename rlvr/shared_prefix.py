@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import torch
 
+from rlvr.logprobs import target_logprobs
+
 # Model families (config.model_type) on which this path is tested equal to the full rows.
 TESTED = ("llama",)
 
@@ -56,8 +58,8 @@ def shared_prefix_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, atte
     out = model(input_ids=comp_ids, attention_mask=torch.cat([prompt_mask[inverse], comp_mask], dim=1),
                 position_ids=prompt_lens[:, None] + r[None], past_key_values=cache, use_cache=True)
     # Completion token r is scored by the logits before it: the prompt's last, then completion r - 1.
-    logits = torch.cat([last[inverse][:, None], out.logits[:, :-1]], dim=1).float() / temperature  # [n, R, V]
-    logprobs = logits.gather(-1, comp_ids[..., None]).squeeze(-1) - logits.logsumexp(dim=-1)  # [n, R]
+    logits = torch.cat([last[inverse][:, None], out.logits[:, :-1]], dim=1)  # [n, R, V]
+    logprobs = target_logprobs(logits, comp_ids, temperature)  # [n, R], float32
     # Into the full-row layout; padded completion positions go to a spare last column, dropped.
     target = torch.where(comp_mask.bool(), prompt_lens[:, None] - 1 + r[None], t - 1)
     return torch.zeros(n, t, dtype=logprobs.dtype, device=device).scatter(1, target, logprobs)[:, :-1]
