@@ -22,6 +22,7 @@ from rlvr.algorithms.losses import (
     tis_weight,
     token_ratio,
 )
+from rlvr.logprobs import target_logprobs
 from rlvr.models import ModelError
 from rlvr.precision import Precision
 from rlvr.shared_prefix import TESTED, group_starts, shared_prefix_logprobs
@@ -40,10 +41,24 @@ def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_ma
     t = input_ids.shape[1]
     logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False,
                    logits_to_keep=t - start).logits  # [N, t - start, V]: positions start..t-1
-    logits = logits[:, :-1].float() / temperature  # position s predicts token s+1
-    targets = input_ids[:, start + 1 :].unsqueeze(-1)  # [N, t-1-start, 1]
-    logprobs = logits.gather(-1, targets).squeeze(-1) - logits.logsumexp(dim=-1)
+    logprobs = target_logprobs(logits[:, :-1], input_ids[:, start + 1 :], temperature)  # position s predicts s+1
     return torch.nn.functional.pad(logprobs, (start, 0))
+
+
+# On CPU, eager attention while the attention weights it keeps for the backward stay this small
+# (elements of [rows, heads, width, width] per layer), SDPA beyond (`attention_kernel`).
+EAGER_MAX_ELEMENTS = 2**24
+
+
+def attention_kernel(device: str, rows: int, width: int, heads: int) -> str:
+    """The attention implementation for a forward of `rows` sequences of `width` tokens. SDPA's CPU
+    flash kernel costs ~5 ms a call in its backward whatever the size, which dominates short sequences:
+    on 88-token sequences eager attention made a whole update of SmolLM2 ~10 % faster, fp32 and bf16
+    alike. Eager keeps the [rows, heads, width, width] attention weights for the backward, so it is only
+    taken while they are small; SDPA's memory grows linearly with the width. On GPUs: SDPA."""
+    if torch.device(device).type == "cpu" and rows * heads * width * width <= EAGER_MAX_ELEMENTS:
+        return "eager"
+    return "sdpa"
 
 
 def make_batch(rollouts: list[Rollout], pad_id: int, mask_truncated: bool = False) -> Batch:
@@ -101,9 +116,11 @@ def tied_names(model: torch.nn.Module) -> set[str]:
 
 def make_optimizer(model: torch.nn.Module, optim: DictConfig):
     """AdamW over what trains (every weight, or with LoRA the adapters alone: only they get optimizer
-    state), and its schedule: linear warmup over `optim.warmup_steps` RL steps, then constant."""
+    state), and its schedule: linear warmup over `optim.warmup_steps` RL steps, then constant.
+    torch's fused AdamW: one pass over each tensor instead of one per operation (on SmolLM2 on the
+    CPU, 0.1 s a step instead of 0.5-0.9 s)."""
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=optim.lr,
-                                  betas=tuple(optim.betas), weight_decay=optim.weight_decay)
+                                  betas=tuple(optim.betas), weight_decay=optim.weight_decay, fused=True)
     warmup = optim.warmup_steps
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup > 0 else 1.0)
@@ -195,6 +212,7 @@ class Learner:
         """Logprobs [len - 1] of tokens 1.. of one sequence at temperature 1 (for the canary), without
         dropout: the deterministic policy the engine serves."""
         ids = torch.tensor([token_ids], device=self.device)
+        self._pick_attention(self.model, 1, len(token_ids))  # the same kernel at every check: bit-for-bit logprobs
         self.model.eval()
         try:
             with self.autocast():
@@ -202,11 +220,19 @@ class Learner:
         finally:
             self.model.train()
 
+    def _pick_attention(self, model: torch.nn.Module, rows: int, width: int) -> None:
+        """Switch `model` to the attention kernel for this forward (`attention_kernel`); every attention
+        layer reads it at each forward."""
+        kernel = attention_kernel(self.device, rows, width, model.config.num_attention_heads)
+        if model.config._attn_implementation != kernel:
+            model.set_attn_implementation(kernel)
+
     def _forward(self, model: torch.nn.Module, part: Batch) -> tuple[torch.Tensor, torch.Tensor, int]:
         """(logprobs [n, t], loss mask [n, t], width) of a micro-batch, trimmed of all-padding columns."""
         width = int(part.attention_mask.sum(dim=1).max())
         ids, attn = part.input_ids[:, :width].to(self.device), part.attention_mask[:, :width].to(self.device)
         mask = part.loss_mask[:, : width - 1].to(self.device)
+        self._pick_attention(model, len(part), width)
         with self.autocast():  # the logprobs themselves are float32 (from .float() logits)
             if self.shared_prefix:
                 first, _ = group_starts(part.groups)

@@ -80,7 +80,9 @@ def test_two_ranks_make_the_single_process_update(shared_prefix, tmp_path, cache
         assert two["stats"][key] == pytest.approx(one[key], rel=1e-5, abs=1e-7), key
     moved = 0.0
     for name, weight in learner.named_weights():
-        assert torch.allclose(two["weights"][name], weight, atol=1e-6), name
+        # Adam's first step is lr * g / (|g| + eps): an entry whose gradient is near eps (1e-8) turns the
+        # ranks' other summation order into ~1e-6 of its update (seen with eager attention); 1e-5 is 1 % of lr
+        assert torch.allclose(two["weights"][name], weight, atol=1e-5), name
         moved = max(moved, float((weight - before[name]).abs().max()))
     assert moved > 1e-4  # the step did change the weights
 

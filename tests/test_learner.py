@@ -151,3 +151,12 @@ def test_tis_from_the_update_s_own_forward_equals_a_forward_of_its_own(cache_dir
     assert a["learn/tokens"] < b["learn/tokens"]  # no forward of its own
     for k, v in _params(own).items():
         assert torch.allclose(v, _params(separate)[k], atol=1e-7), k
+
+
+def test_eager_attention_only_for_short_cpu_forwards():
+    from rlvr.learner import EAGER_MAX_ELEMENTS, attention_kernel
+
+    assert attention_kernel("cpu", 8, 88, 9) == "eager"  # a micro-batch of make train: 0.6M attention weights
+    assert attention_kernel("cpu", 8, 2048, 9) == "sdpa"  # 302M: SDPA, whose memory grows with the width alone
+    assert attention_kernel("cpu", 1, int(EAGER_MAX_ELEMENTS**0.5) + 1, 1) == "sdpa"
+    assert attention_kernel("cuda:0", 1, 16, 9) == "sdpa"
