@@ -42,7 +42,7 @@ from rlvr.config import check
 from rlvr.data import Task, build_task
 from rlvr.errors import RlvrError
 from rlvr.evaluate import greedy, sample_record, summarise
-from rlvr.learner import Learner, make_batch
+from rlvr.learner import Learner, keep_freed_memory, make_batch
 from rlvr.logging import Logger, NullLogger, manifest
 from rlvr.monitor import DegenerationMonitor
 from rlvr.plot import plot
@@ -223,6 +223,9 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, float]:
     check_memory(cfg.rollout, model_path, precision.engine_dtype, device)
     if cfg.trainer.num_threads is not None:  # before the engine starts: vLLM pins its threads
         torch.set_num_threads(cfg.trainer.num_threads)
+    if keep_freed_memory():  # each step's big tensors reuse the last step's pages instead of faulting in new ones
+        log.info("malloc keeps freed memory for reuse (no page faults for each step's tensors; resident memory "
+                 "stays at its peak)")
     random.seed(cfg.seed)
     np.random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)

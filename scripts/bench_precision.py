@@ -97,12 +97,13 @@ def generate(overrides: list[str], out: Path) -> None:
 
 
 def child(precision_name: str, overrides: list[str], batch_file: Path, repeats: int) -> dict:
-    from rlvr.learner import Learner
+    from rlvr.learner import Learner, keep_freed_memory
     from rlvr.precision import resolve
     from rlvr.rollout.engine import Canary, canary_sequence
     from rlvr.rollout.vllm_engine import VllmEngine
     from rlvr.types import Batch
 
+    keep_freed_memory()  # as `rlvr train` does
     cfg = config([f"trainer.precision={precision_name}", *overrides])
     precision = resolve(cfg.trainer.precision, cfg.rollout.dtype, cfg.rollout.canary_tol, "cpu")
     path, tok, prompts, ids = setup(cfg)
