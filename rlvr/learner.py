@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -60,28 +59,6 @@ def attention_kernel(device: str, rows: int, width: int, heads: int) -> str:
     if torch.device(device).type == "cpu" and rows * heads * width * width <= EAGER_MAX_ELEMENTS:
         return "eager"
     return "sdpa"
-
-
-def keep_freed_memory() -> bool:
-    """Make glibc's malloc keep freed memory for reuse in this process; True if it could (Linux, glibc).
-
-    By default it maps each block of more than 128 KB-32 MB on its own and unmaps it on free, and
-    trims the heap's free top: every step of the learner then allocates its big tensors (logits, the
-    embedding's gradient, bf16 copies of the weights) in pages the kernel must fault in afresh, ~1M
-    page faults a step on SmolLM2 (4 GB), a quarter of a bf16-mixed update on a 2-core CPU. With no
-    block mapped on its own and no trim, the next step reuses the same pages (0 faults by the third
-    step). The cost: resident memory stays at its peak instead of shrinking between steps."""
-    import ctypes
-    import ctypes.util
-
-    name = ctypes.util.find_library("c")
-    if not sys.platform.startswith("linux") or name is None:
-        return False
-    libc = ctypes.CDLL(name)
-    if not hasattr(libc, "mallopt") or not hasattr(libc, "gnu_get_libc_version"):  # not glibc (musl)
-        return False
-    m_trim_threshold, m_mmap_max = -1, -4  # malloc.h
-    return bool(libc.mallopt(m_mmap_max, 0)) and bool(libc.mallopt(m_trim_threshold, 2**31 - 1))
 
 
 def make_batch(rollouts: list[Rollout], pad_id: int, mask_truncated: bool = False) -> Batch:

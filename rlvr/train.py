@@ -42,7 +42,8 @@ from rlvr.config import check
 from rlvr.data import Task, build_task
 from rlvr.errors import RlvrError
 from rlvr.evaluate import greedy, sample_record, summarise
-from rlvr.learner import Learner, keep_freed_memory, make_batch
+from rlvr.host import keep_freed_memory
+from rlvr.learner import Learner, make_batch
 from rlvr.logging import Logger, NullLogger, manifest
 from rlvr.monitor import DegenerationMonitor
 from rlvr.plot import plot

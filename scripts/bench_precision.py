@@ -97,7 +97,8 @@ def generate(overrides: list[str], out: Path) -> None:
 
 
 def child(precision_name: str, overrides: list[str], batch_file: Path, repeats: int) -> dict:
-    from rlvr.learner import Learner, keep_freed_memory
+    from rlvr.host import keep_freed_memory
+    from rlvr.learner import Learner
     from rlvr.precision import resolve
     from rlvr.rollout.engine import Canary, canary_sequence
     from rlvr.rollout.vllm_engine import VllmEngine

@@ -160,29 +160,3 @@ def test_eager_attention_only_for_short_cpu_forwards():
     assert attention_kernel("cpu", 8, 2048, 9) == "sdpa"  # 302M: SDPA, whose memory grows with the width alone
     assert attention_kernel("cpu", 1, int(EAGER_MAX_ELEMENTS**0.5) + 1, 1) == "sdpa"
     assert attention_kernel("cuda:0", 1, 16, 9) == "sdpa"
-
-
-FAULTS = """
-import resource, sys, torch
-from rlvr.learner import keep_freed_memory
-kept = keep_freed_memory() if sys.argv[1] == "keep" else False
-def faults():
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    torch.ones(50_000_000)  # 200 MB, freed at once
-    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
-warm = [faults() for _ in range(3)]  # the heap grows to hold it (in one or two rounds)
-print(kept, sum(faults() for _ in range(3)))
-"""
-
-
-def test_freed_memory_is_reused_without_page_faults():
-    """After `keep_freed_memory` a big tensor of the last step's size reuses its pages; by default glibc
-    unmaps it on free and the next one faults in all 49k pages afresh."""
-    import subprocess
-    import sys
-
-    out = {mode: subprocess.run([sys.executable, "-c", FAULTS, mode], capture_output=True, text=True, check=True)
-           .stdout.split() for mode in ("keep", "default")}
-    assert out["keep"][0] == "True"
-    assert int(out["default"][1]) > 3 * 40_000  # 200 MB in 4 KB pages, each round faulted in again
-    assert int(out["keep"][1]) < 1_000
