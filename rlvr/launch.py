@@ -4,10 +4,11 @@ yourself works too (`run` joins the group torchrun made). What each rank then do
 
 Failures: a rank that raises exits at once with code 1, after logging why; one that dies or hangs
 (a collective waits at most trainer.dist_timeout_s) does too, so the launcher sees a failed rank,
-stops the others and reports which rank failed and the last complete checkpoint. Ctrl-C reaches the
-launcher alone (each rank has a process group of its own), which passes SIGINT to every rank: each
-finishes its step, rank 0 writes a checkpoint, and all exit; torch's launcher kills ranks still
-running 30 s after it passed the signal on.
+stops the others and reports which rank failed and the last complete checkpoint. Ctrl-C (or SIGTERM,
+e.g. a scheduler's time limit) reaches the launcher alone (each rank has a process group of its own),
+which passes it on to every rank and goes on watching them: each finishes its step, rank 0 writes a
+checkpoint, and all exit, however long the step takes (each collective waits at most
+trainer.dist_timeout_s). A second Ctrl-C stops the ranks at once.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import atexit
 import contextlib
 import json
 import logging
+import multiprocessing
 import os
 import secrets
 import signal
@@ -86,15 +88,26 @@ def launch(fn: Callable[[DictConfig, Path], dict], cfg: DictConfig, run_dir: Pat
     config = LaunchConfig(min_nodes=t.nnodes, max_nodes=t.nnodes, nproc_per_node=t.nproc_per_node,
                           run_id=f"rlvr-{secrets.token_hex(4)}", rdzv_backend="static", rdzv_endpoint=endpoint,
                           rdzv_configs={"rank": t.node_rank, "timeout": int(t.dist_timeout_s)}, max_restarts=0,
-                          monitor_interval=0.5, start_method="spawn")
+                          monitor_interval=0.5, start_method="spawn",
+                          signals_to_handle="SIGHUP,SIGQUIT")  # SIGINT and SIGTERM: _PassSignalsOn
     log_file = next((h.baseFilename for h in logging.root.handlers if isinstance(h, logging.FileHandler)), None)
     log.info("launching %d ranks (%d per node, %d nodes; this is node %d, rendezvous at %s)",
              t.nproc_per_node * t.nnodes, t.nproc_per_node, t.nnodes, t.node_rank, endpoint)
     resolved = OmegaConf.to_yaml(cfg, resolve=True)
+    stop = _PassSignalsOn()
     try:
         elastic_launch(config, _worker)(fn, resolved, str(run_dir), log_file)
+    except KeyboardInterrupt:  # a second signal; the ranks were stopped (a checkpoint is renamed into place
+        # when complete, so none is left half-written)
+        log.warning("stopped by a second %s: the ranks were stopped at once, without finishing their step. %s",
+                    signal.Signals(stop.signal).name, _left_on_disk(run_dir))
+        raise SystemExit(128 + stop.signal) from None
     except ChildFailedError as e:
         failed, failure = e.get_first_failure()
+        if stop.signal is not None and failure.exitcode == 128 + stop.signal:  # the ranks stopped as asked
+            log.warning("stopped by %s: each rank finished its step. %s", signal.Signals(stop.signal).name,
+                        _left_on_disk(run_dir))
+            raise SystemExit(128 + stop.signal) from None
         how = (f"was killed by {failure.signal_name()}" if failure.exitcode < 0
                else f"exited with code {failure.exitcode}")
         if failure.exitcode == TIMED_OUT:  # it waited for the others; the hung ones are those still running
@@ -105,12 +118,41 @@ def launch(fn: Callable[[DictConfig, Path], dict], cfg: DictConfig, run_dir: Pat
                       if silent else ""))
         raise DistributedError(f"rank {failed} (pid {failure.pid}) {how}; the other ranks were stopped. "
                                + _left_on_disk(run_dir)) from None
-    except SignalException as e:
-        log.warning("stopped by %s: each rank was asked to finish its step and write a checkpoint. %s",
-                    signal.Signals(e.sigval).name, _left_on_disk(run_dir))
+    except SignalException as e:  # (a signal torch's launcher handles itself: SIGHUP, SIGQUIT)
+        log.warning("stopped by %s: the ranks were asked to stop. %s", signal.Signals(e.sigval).name,
+                    _left_on_disk(run_dir))
         raise SystemExit(128 + e.sigval) from None
+    finally:
+        stop.restore()
     summary = run_dir / "summary.json"
     return json.loads(summary.read_text())["final_eval"] if summary.is_file() else {}
+
+
+class _PassSignalsOn:
+    """While installed in the launcher, SIGINT and SIGTERM are passed on to every rank, once; a second one
+    raises KeyboardInterrupt, and torch's launcher stops the ranks as it unwinds. (torch's own handling
+    would pass the first signal on, stop watching, and kill ranks still running 30 s later: mid-step or
+    mid-checkpoint on a large model.)"""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self) -> None:
+        self.signal: int | None = None
+        self.previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
+
+    def _handle(self, signum: int, frame) -> None:
+        if self.signal is not None:
+            raise KeyboardInterrupt  # torch's launcher then sends SIGTERM to the ranks: a second signal for them
+        self.signal = signum
+        log.warning("%s: passed on to every rank, which finishes its step; then rank 0 writes a checkpoint (send "
+                    "it again to stop at once)", signal.Signals(signum).name)
+        for process in multiprocessing.active_children():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(process.pid, signum)
+
+    def restore(self) -> None:
+        for s, handler in self.previous.items():
+            signal.signal(s, handler)
 
 
 def _left_on_disk(run_dir: Path) -> str:

@@ -3,6 +3,7 @@ and from the CLI (with the repository on PYTHONPATH)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from pathlib import Path
@@ -14,10 +15,11 @@ def nap(completion: str, prompt, seconds: float = 0.5) -> float:
     return float(os.getpid())
 
 
-def stall(completion: str, prompt, gate: str, started: str) -> float:
-    """0.0 at once until the file `gate` exists; from then on it creates the file `started` and sleeps
-    for an hour: a step that will not end by itself."""
+def stall(completion: str, prompt, gate: str, started: str, seconds: float = 3600) -> float:
+    """0.0 at once, except for the first call (in any process) after the file `gate` exists: that one
+    creates the file `started` and sleeps `seconds` (an hour: a step that will not end by itself)."""
     if os.path.exists(gate):
-        Path(started).touch()
-        time.sleep(3600)
+        with contextlib.suppress(FileExistsError):
+            Path(started).touch(exist_ok=False)
+            time.sleep(seconds)
     return 0.0

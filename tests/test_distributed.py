@@ -232,12 +232,12 @@ def _workers(launcher_pid: int) -> list[int]:
             if "spawn_main" in " ".join(p.cmdline())]
 
 
-def _start(args: list[str], cache: Path):
+def _start(args: list[str], cache: Path, extra_env: dict | None = None):
     import subprocess
 
     from .conftest import RLVR, pinned
 
-    env = {**os.environ, "RLVR_CACHE": str(cache), "HYDRA_FULL_ERROR": "0"}
+    env = {**os.environ, "RLVR_CACHE": str(cache), "HYDRA_FULL_ERROR": "0", **(extra_env or {})}
     return subprocess.Popen([RLVR, args[0], *pinned(args[1:])], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, env=env, start_new_session=True)
 
@@ -251,6 +251,16 @@ def _wait_for_step(run_dir: Path, step: int, process, timeout: float = 900) -> N
         assert process.poll() is None, process.stdout.read()[-3000:]
         assert time.monotonic() < deadline, "the run did not reach its step"
         time.sleep(0.5)
+
+
+def _wait_for_file(path: Path, process, timeout: float = 300) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert process.poll() is None, process.stdout.read()[-3000:]
+        assert time.monotonic() < deadline, f"{path} was not written"
+        time.sleep(0.1)
 
 
 def _signal_rank_1(sig: int, tmp_path: Path, cache_dir: Path, *overrides: str):
@@ -306,26 +316,77 @@ def test_a_hung_rank_stops_the_group_within_the_timeout(tmp_path, cache_dir):
             "The last complete checkpoint is") in out, out[-3000:]
 
 
-def test_ctrl_c_stops_every_rank_after_its_step_with_one_checkpoint(tmp_path, cache_dir):
-    """Ctrl-C in a terminal reaches the launcher and each rank: every rank finishes its step, rank 0 writes one
-    checkpoint, and the run says how to continue it."""
+def _stall_after_step_1(tmp_path: Path, cache_dir: Path, seconds: float):
+    """A 2-rank run whose first reward call after step 1 sleeps `seconds` (a long step), with Ctrl-C sent
+    to the launcher's terminal once that call has begun. Returns the process, its run dir, rank pids and the
+    step that call is part of."""
     import signal
 
-    run_dir = tmp_path / "run"
-    process = _start([*TRAIN, "trainer.max_steps=500", "trainer.nproc_per_node=2", f"hydra.run.dir={run_dir}"],
-                     cache_dir)
+    from .conftest import REPO
+
+    run_dir, gate, started = tmp_path / "run", tmp_path / "gate", tmp_path / "started"
+    stall = ["reward=digits", "reward.terms.digits._target_=tests.slow_rewards.stall",
+             f"+reward.terms.digits.kwargs.gate={gate}", f"+reward.terms.digits.kwargs.started={started}",
+             f"+reward.terms.digits.kwargs.seconds={seconds}"]
+    process = _start([*TRAIN, "trainer.max_steps=500", "trainer.nproc_per_node=2", "reward.timeout_s=null", *stall,
+                      f"hydra.run.dir={run_dir}"], cache_dir, {"PYTHONPATH": str(REPO)})
+    _wait_for_step(run_dir, 1, process)
+    workers = _workers(process.pid)
+    gate.touch()
+    _wait_for_file(started, process)
+    stalled = max(_train_metrics(run_dir)) + 1
+    os.killpg(process.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole process group
+    return process, run_dir, workers, stalled
+
+
+def test_ctrl_c_stops_every_rank_after_its_step_with_one_checkpoint(tmp_path, cache_dir):
+    """Ctrl-C in a terminal reaches the launcher and each rank: every rank finishes its step, however long
+    (here 45 s, past the 30 s after which torch's launcher would kill it), rank 0 writes one checkpoint, and
+    the run says how to continue it."""
+    import signal
+
+    process, run_dir, _, stalled = _stall_after_step_1(tmp_path, cache_dir, seconds=45)
     try:
-        _wait_for_step(run_dir, 1, process)
-        os.killpg(process.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole process group
         out, _ = process.communicate(timeout=600)
     finally:
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
     assert process.returncode == 128 + signal.SIGINT, out[-3000:]
-    saved = sorted((run_dir / "checkpoints").glob("step-*"))
-    assert len(saved) == 1, out[-3000:]
-    assert saved[0].name == f"step-{max(_train_metrics(run_dir)):06d}"  # after the last step it logged
+    assert max(_train_metrics(run_dir)) == stalled  # the step that took 45 s was finished, and no other
+    assert [s.name for s in (run_dir / "checkpoints").glob("step-*")] == [f"step-{stalled:06d}"], out[-3000:]
+    assert "stopped by SIGINT: each rank finished its step. The last complete checkpoint is" in out, out[-3000:]
     assert "trainer.resume=auto" in out
+
+
+def test_a_second_ctrl_c_stops_every_rank_at_once(tmp_path, cache_dir):
+    """Ctrl-C during a step that will not end (a reward sleeps for an hour), then Ctrl-C again: the launcher
+    kills the ranks at once and says so; no checkpoint is written for the unfinished step."""
+    import signal
+    import time
+
+    import psutil
+
+    process, run_dir, workers, stalled = _stall_after_step_1(tmp_path, cache_dir, seconds=3600)
+    try:
+        deadline = time.monotonic() + 60
+        # (the launcher's line: a rank waiting in a collective for the stalled one sees the signal only after it)
+        while "passed on to every rank" not in (run_dir / "train.log").read_text():
+            assert time.monotonic() < deadline and process.poll() is None
+            time.sleep(0.1)
+        os.killpg(process.pid, signal.SIGINT)
+        out, _ = process.communicate(timeout=60)
+        alive = [pid for pid in workers if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+        for pid in workers:  # (ranks a failing test would leave behind)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    assert process.returncode == 128 + signal.SIGINT, out[-3000:]
+    assert "stopped by a second SIGINT: the ranks were stopped at once" in out, out[-3000:]
+    assert alive == []
+    assert max(_train_metrics(run_dir)) == stalled - 1  # the step in progress was dropped
+    assert not list(run_dir.glob("checkpoints/step-*"))
 
 
 def test_the_slurm_script_composes_a_run_across_nodes(tmp_path):
