@@ -31,6 +31,7 @@ import torch
 import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
 
+from rlvr import models
 from rlvr.checkpoint import complete_checkpoints
 from rlvr.config import check
 from rlvr.distributed import on_rank0, rank, timed_out
@@ -70,6 +71,7 @@ def run(fn: Callable[[DictConfig, Path], dict], cfg: DictConfig, run_dir: Path,
         return _run_rank(fn, cfg, agreed)
     if cfg.trainer.nproc_per_node * cfg.trainer.nnodes > 1:
         check(cfg)  # a config that cannot work fails here, once, rather than on every rank
+        models.resolve(cfg.model, Path(cfg.cache_dir))  # a model to build is built once, on each node
         return launch(fn, cfg, run_dir)
     return fn(cfg, run_dir)
 

@@ -26,7 +26,7 @@ from rlvr.logprobs import target_logprobs
 from rlvr.models import ModelError
 from rlvr.precision import Precision
 from rlvr.shared_prefix import TESTED, group_starts, shared_prefix_logprobs
-from rlvr.types import Batch, Rollout
+from rlvr.types import Batch, Prompt, Rollout
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +68,7 @@ def make_batch(rollouts: list[Rollout], pad_id: int, mask_truncated: bool = Fals
     Adjacent rollouts with the same prompt form one group (the shared-prefix learner forwards it once).
     """
     seqs = [r.prompt_ids + r.completion_ids for r in rollouts]
-    n, t = len(seqs), max(len(s) for s in seqs)
+    n, t = len(seqs), max((len(s) for s in seqs), default=1)  # (no rollouts: a rank with no share of a step)
     input_ids = torch.full((n, t), pad_id, dtype=torch.long)
     attention_mask = torch.zeros((n, t), dtype=torch.long)
     loss_mask = torch.zeros((n, t - 1))
@@ -81,8 +81,8 @@ def make_batch(rollouts: list[Rollout], pad_id: int, mask_truncated: bool = Fals
             # target position p-1 scores the first completion token; tool results stay out of the loss
             loss_mask[i, p - 1 : p - 1 + c] = torch.tensor(r.model_mask, dtype=loss_mask.dtype)
         old_logprobs[i, p - 1 : p - 1 + c] = torch.tensor(r.sampler_logprobs)
-    new_group = [0] + [int(a.prompt_ids != b.prompt_ids) for a, b in zip(rollouts, rollouts[1:], strict=False)]
-    groups = torch.tensor(new_group).cumsum(0)  # [N]
+    new_group = [int(i > 0 and r.prompt_ids != rollouts[i - 1].prompt_ids) for i, r in enumerate(rollouts)]
+    groups = torch.tensor(new_group, dtype=torch.long).cumsum(0)  # [N]
     return Batch(input_ids, attention_mask, loss_mask, old_logprobs, torch.zeros(n),
                  torch.tensor([len(r.prompt_ids) for r in rollouts]), groups)
 
@@ -167,6 +167,10 @@ class Learner:
                  trainer.shared_prefix, why,
                  "; TIS cap 2.0 for the bf16 mismatch" if self.tis_cap != algorithm.tis_cap else "")
         self.tokens = 0  # tokens through a model this step (see `step`)
+        # Across processes a rank with fewer micro-batches than the others (or none: DAPO may keep fewer
+        # groups than there are ranks) runs this one-row batch at zero weight, to match their passes.
+        self.idle = make_batch([Rollout(Prompt([], ""), 0, [self.pad_id], [self.pad_id], [0.0], "", "stop")],
+                               self.pad_id)
 
     def _wrap(self, model: torch.nn.Module, lora: DictConfig | None, adapter_path: Path | None,
               device: str) -> torch.nn.Module:
@@ -255,7 +259,7 @@ class Learner:
             starts = range(0, len(rows), self.trainer.micro_batch_size)
             for k in range(int(distributed.global_max(len(starts)))):  # as many passes as every other rank
                 if k >= len(starts):
-                    self._forward(model, batch.select(slice(0, 1)))  # nothing left here: a pass to match theirs
+                    self._forward(model, self.idle)  # nothing left here: a pass to match theirs
                     continue
                 sel = rows[starts[k] : starts[k] + self.trainer.micro_batch_size]
                 logp, _, width = self._forward(model, batch.select(sel))
@@ -339,8 +343,11 @@ class Learner:
         out = dict.fromkeys(("loss", "kl", "clipped", "tokens", "mismatch_sum", "mismatch_max"), 0.0)
         starts = range(0, len(rows), self.trainer.micro_batch_size)
         for k in range(int(distributed.global_max(len(starts)))):  # as many passes as every other rank
-            matching = k >= len(starts)  # nothing left here: one row at zero weight, to match the others' passes
-            sel = torch.arange(1) if matching else rows[starts[k] : starts[k] + self.trainer.micro_batch_size]
+            if k >= len(starts):  # nothing left here: a forward and backward at zero weight, to match theirs
+                logp, _, _ = self._forward(self.model, self.idle)
+                (logp.sum() * 0.0).backward()
+                continue
+            sel = rows[starts[k] : starts[k] + self.trainer.micro_batch_size]
             part = batch.select(sel)
             logp, mask, width = self._forward(self.model, part)  # [n, t]
             sampler = part.old_logprobs[:, : width - 1].to(self.device)  # [n, t]
@@ -361,11 +368,8 @@ class Learner:
             if ref is not None:
                 kl = kl_penalty(logp, ref[sel, : width - 1].to(self.device), mask, a.kl.estimator)
                 per_token = per_token + a.kl.coef * kl
-                out["kl"] += 0.0 if matching else float((kl.detach() * mask).sum()) / max(norm.tokens, 1)
+                out["kl"] += float((kl.detach() * mask).sum()) / max(norm.tokens, 1)
             loss = aggregate(per_token, mask, a.loss_agg, norm)
-            if matching:
-                (loss * 0.0).backward()
-                continue
             (loss * distributed.world_size()).backward()  # FSDP2 averages the ranks' gradients: undo it
             out["loss"] += float(loss.detach())
             out["clipped"] += float((was_clipped * mask).sum())

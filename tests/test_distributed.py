@@ -45,7 +45,7 @@ def _learner(cfg, tiny_path):
                    "cpu")
 
 
-def _rank(rank: int, world: int, init_file: str, cfg, tiny_path: Path, out: Path) -> None:
+def _rank(rank: int, world: int, init_file: str, cfg, tiny_path: Path, out: Path, cut: int) -> None:
     import torch.distributed as dist
 
     torch.set_num_threads(1)
@@ -53,7 +53,7 @@ def _rank(rank: int, world: int, init_file: str, cfg, tiny_path: Path, out: Path
     torch.manual_seed(0)
     learner = _learner(cfg, tiny_path)
     batch = _batch(learner.pad_id)
-    stats = learner.step(batch.select(slice(rank * 4, rank * 4 + 4)))
+    stats = learner.step(batch.select(slice(0, cut) if rank == 0 else slice(cut, len(batch))))
     weights = {name: t.clone() for name, t in learner.named_weights()}  # collective: every rank calls it
     if rank == 0:
         torch.save({"stats": stats, "weights": weights}, out)
@@ -62,14 +62,19 @@ def _rank(rank: int, world: int, init_file: str, cfg, tiny_path: Path, out: Path
     os._exit(0)  # past a gloo backward, a normal interpreter exit sometimes aborts (DISTRIBUTED.md)
 
 
-@pytest.mark.parametrize("shared_prefix", [True, False])
-def test_two_ranks_make_the_single_process_update(shared_prefix, tmp_path, cache_dir, tiny_path):
+# Rank 0 takes the batch's first `cut` rows, rank 1 the rest. cut=0: rank 0 has nothing to learn on (DAPO
+# may keep fewer groups than there are ranks) and runs placeholder passes only, here with a KL term too.
+@pytest.mark.parametrize(("shared_prefix", "cut", "extra"), [(True, 4, []), (False, 4, []),
+                                                          (True, 0, ["algorithm.kl.coef=0.05"])],
+                         ids=["shared-prefix", "full-rows", "rank-0-has-nothing"])
+def test_two_ranks_make_the_single_process_update(shared_prefix, cut, extra, tmp_path, cache_dir, tiny_path):
     import torch.multiprocessing as mp
 
     cfg = compose_config(["model=tiny", "optim.lr=1e-3", "trainer.micro_batch_size=2", "algorithm.clip_eps_low=0.1",
-                          f"trainer.shared_prefix={str(shared_prefix).lower()}"], cache_dir)
+                          f"trainer.shared_prefix={str(shared_prefix).lower()}", *extra], cache_dir)
     out = tmp_path / "rank0.pt"
-    mp.start_processes(_rank, args=(2, str(tmp_path / "init"), cfg, tiny_path, out), nprocs=2, start_method="spawn")
+    mp.start_processes(_rank, args=(2, str(tmp_path / "init"), cfg, tiny_path, out, cut), nprocs=2,
+                       start_method="spawn")
     two = torch.load(out)
 
     torch.manual_seed(0)
@@ -206,6 +211,45 @@ def test_two_ranks_train_as_one_process(tmp_path, cache_dir):
         for key in one:
             assert torch.allclose(one[key], two[key], atol=1e-6), (name, key)
     assert any((one[k] != load_file(cache_dir / "models" / "tiny" / "model.safetensors")[k]).any() for k in one)
+
+
+def test_a_model_is_built_once_across_processes(tmp_path):
+    """On a fresh cache the tiny model is built once, whole, whichever way the ranks start. (transformers
+    writes a model's weights and config on torch.distributed's rank 0 only: each rank building its own
+    copy left a folder of tokenizer files alone, and the run failed.)"""
+    from .conftest import run_cli
+
+    for way in ("launched", "torchrun"):
+        cache = tmp_path / way / "cache"
+        if way == "launched":
+            result = run_cli([*TRAIN, "trainer.max_steps=1", "trainer.nproc_per_node=2",
+                              f"hydra.run.dir={tmp_path / way / 'run'}"], cache, timeout=900)
+        else:
+            (tmp_path / way).mkdir()
+            result = _torchrun([*TRAIN, "trainer.max_steps=1"], cache, tmp_path / way)
+        assert result.returncode == 0, (way, result.stderr[-3000:])
+        assert sorted(p.name for p in (cache / "models").iterdir()) == ["tiny"], way
+        assert {"config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in (cache / "models" / "tiny").iterdir()}
+
+
+def test_two_ranks_train_as_one_process_with_dapo(tmp_path, cache_dir):
+    """DAPO (the default algorithm) keeps only the groups whose rewards differ: here 1, 3 and 1 of 4 at steps
+    1-3, so at steps 1 and 3 rank 0 has no group to learn on. Two ranks still make the one-process updates."""
+    from safetensors.torch import load_file
+
+    from .conftest import run_cli
+
+    runs = {}
+    for name, extra in (("one", []), ("two", ["trainer.nproc_per_node=2"])):
+        runs[name] = tmp_path / name
+        result = run_cli([*TRAIN, "algorithm=dapo", "trainer.max_steps=3", f"hydra.run.dir={runs[name]}", *extra],
+                         cache_dir, timeout=900)
+        assert result.returncode == 0, result.stderr[-3000:]
+    assert [_train_metrics(runs["one"])[s]["groups/trained"] for s in (1, 2, 3)] == [1, 3, 1]
+    _same_run(runs["one"], runs["two"], steps=(1, 2, 3))
+    one, two = (load_file(runs[name] / "model" / "model.safetensors") for name in ("one", "two"))
+    for key in one:
+        assert torch.allclose(one[key], two[key], atol=1e-6), key
 
 
 def test_resume_with_another_world_size(tmp_path, cache_dir):

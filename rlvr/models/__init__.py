@@ -12,6 +12,7 @@ from pathlib import Path
 from hydra.utils import get_method
 from omegaconf import DictConfig
 
+from rlvr import distributed
 from rlvr.errors import RlvrError
 
 log = logging.getLogger(__name__)
@@ -28,15 +29,25 @@ def resolve(cfg: DictConfig, cache_dir: Path) -> Path:
     not quietly become a fresh copy of the default model.
     """
     path = Path(cfg.path).expanduser()
-    if not path.exists():
-        if cfg.build is None or not path.resolve().is_relative_to(Path(cache_dir).expanduser().resolve()):
-            raise ModelError(f"model.path={str(path)!r} does not exist. Point model.path at a local "
-                             "Hugging Face folder (config.json, weights, tokenizer).")
-        log.info("building model folder %s with %s (once; cached afterwards)", path, cfg.build)
-        build_atomically(path, get_method(cfg.build))
+    # Across processes rank 0 alone builds it (transformers writes a model's weights and config on
+    # torch.distributed's rank 0 only: another rank's build would be a folder without them).
+    distributed.on_rank0(_build_if_missing, cfg, path, cache_dir)
+    if not path.exists():  # (rank 0 built it, but not where this rank can see it)
+        raise ModelError(f"model.path={str(path)!r} does not exist on this machine; rank 0 built it on its own. "
+                         "Put the cache dir (RLVR_CACHE) on a filesystem every node sees, or copy the folder there.")
     if not (path / "config.json").is_file():
         raise ModelError(f"model.path={str(path)!r} has no config.json: not a Hugging Face model folder.")
     return path
+
+
+def _build_if_missing(cfg: DictConfig, path: Path, cache_dir: Path) -> None:
+    if path.exists():
+        return
+    if cfg.build is None or not path.resolve().is_relative_to(Path(cache_dir).expanduser().resolve()):
+        raise ModelError(f"model.path={str(path)!r} does not exist. Point model.path at a local "
+                         "Hugging Face folder (config.json, weights, tokenizer).")
+    log.info("building model folder %s with %s (once; cached afterwards)", path, cfg.build)
+    build_atomically(path, get_method(cfg.build))
 
 
 def build_atomically(path: Path, build: Callable[[Path], None], replace: bool = False) -> None:
@@ -48,6 +59,8 @@ def build_atomically(path: Path, build: Callable[[Path], None], replace: bool = 
     old = None
     try:
         build(tmp)
+        if not (tmp / "config.json").is_file():  # never a folder that only looks like a model
+            raise ModelError(f"building {path} wrote no config.json into {tmp}")
         os.chmod(tmp, 0o755)  # mkdtemp made it private
         if replace and path.exists():
             old = path.with_name(f".{path.name}.old-{os.getpid()}")
