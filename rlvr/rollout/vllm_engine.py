@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig
 
+from rlvr import distributed
 from rlvr.errors import EngineConfigError, EngineError, WeightSyncError
 from rlvr.rollout import request_seeds
 from rlvr.types import Prompt, Rollout
@@ -112,6 +113,11 @@ class VllmEngine:
             kwargs["max_num_batched_tokens"] = max(cfg.max_model_len, 8192)
         else:
             kwargs["gpu_memory_utilization"] = cfg.gpu_memory_utilization
+        if distributed.world_size() > 1:
+            # One engine per rank, in the rank's torch.distributed world: vLLM's executor for torchrun workers
+            # takes the rank's device from LOCAL_RANK (its default executor would put every rank's engine on
+            # cuda:0 and make that the rank's current device). Each engine serves its own rank's prompts.
+            kwargs["distributed_executor_backend"] = "external_launcher"
         self.llm = LLM(
             model=str(model_path),
             dtype=dtype,
@@ -123,6 +129,11 @@ class VllmEngine:
             logprobs_mode="processed_logprobs",
             **kwargs,
         )
+        if device.startswith("cuda") and distributed.world_size() > 1:  # (vLLM makes its device the current one)
+            local = int(os.environ.get("LOCAL_RANK", "0"))
+            if torch.cuda.current_device() != local:
+                raise EngineError(f"this rank's vLLM engine started on cuda:{torch.cuda.current_device()}, not on its "
+                                  f"own GPU cuda:{local} (LOCAL_RANK)")
 
     def _generate(self, requests: list[dict], params, what: str) -> list:
         try:
