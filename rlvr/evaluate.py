@@ -111,6 +111,9 @@ def run_eval(cfg: DictConfig, run_dir: Path) -> dict[str, float]:
     from rlvr.rollout.multiturn import build_tools, rollout_generator
 
     check(cfg, training=False)
+    if cfg.trainer.nproc_per_node * cfg.trainer.nnodes > 1:
+        log.warning("rlvr eval runs in one process: trainer.nproc_per_node=%d and trainer.nnodes=%d are for rlvr train",
+                    cfg.trainer.nproc_per_node, cfg.trainer.nnodes)
     device = pick_device(cfg.trainer.device)
     check_backend(cfg.rollout.backend, device)
     rewards = Rewards(cfg.reward, device)

@@ -77,10 +77,13 @@ def test_two_steps_train_sync_and_write_every_output(tmp_path, cache_dir, tiny_p
     assert before.keys() == after.keys()
     assert any(not torch.equal(before[k], after[k]) for k in before)
 
-    # `rlvr eval` on the trained model: greedy accuracy, pass@k, every sample written out.
+    # `rlvr eval` on the trained model: greedy accuracy, pass@k, every sample written out (in one process,
+    # saying so when asked for more).
     evaluated = run_cli(["eval", *SMALL, "reward=digits", "model=local", f"model.path={run_dir / 'model'}",
-                         "eval.n_samples=4", f"hydra.run.dir={tmp_path / 'eval'}"], cache=cache_dir)
+                         "eval.n_samples=4", "trainer.nproc_per_node=2", f"hydra.run.dir={tmp_path / 'eval'}"],
+                        cache=cache_dir)
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    assert "rlvr eval runs in one process: trainer.nproc_per_node=2" in evaluated.stdout + evaluated.stderr
     report = json.loads((tmp_path / "eval" / "eval.json").read_text())
     for key in ["eval/accuracy", "eval/pass@1", "eval/pass@4", "eval/mean@4", "eval/reward/digits",
                 "eval/completion_len/mean", "eval/truncated_frac"]:
