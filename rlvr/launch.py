@@ -36,6 +36,7 @@ from rlvr.checkpoint import complete_checkpoints
 from rlvr.config import check
 from rlvr.distributed import on_rank0, rank, timed_out
 from rlvr.errors import RlvrError
+from rlvr.train import GracefulStop
 
 log = logging.getLogger("rlvr")
 
@@ -130,31 +131,21 @@ def launch(fn: Callable[[DictConfig, Path], dict], cfg: DictConfig, run_dir: Pat
     return json.loads(summary.read_text())["final_eval"] if summary.is_file() else {}
 
 
-class _PassSignalsOn:
-    """While installed in the launcher, SIGINT and SIGTERM are passed on to every rank, once; a second one
-    raises KeyboardInterrupt, and torch's launcher stops the ranks as it unwinds. (torch's own handling
+class _PassSignalsOn(GracefulStop):
+    """The launcher's GracefulStop: it also passes the first SIGINT or SIGTERM on to every rank; a second
+    one raises KeyboardInterrupt, and torch's launcher stops the ranks as it unwinds. (torch's own handling
     would pass the first signal on, stop watching, and kill ranks still running 30 s later: mid-step or
     mid-checkpoint on a large model.)"""
 
-    SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-    def __init__(self) -> None:
-        self.signal: int | None = None
-        self.previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
+    MESSAGE = ("%s: passed on to every rank, which finishes its step; then rank 0 writes a checkpoint (send it "
+               "again to stop at once)")
 
     def _handle(self, signum: int, frame) -> None:
-        if self.signal is not None:
-            raise KeyboardInterrupt  # torch's launcher then sends SIGTERM to the ranks: a second signal for them
-        self.signal = signum
-        log.warning("%s: passed on to every rank, which finishes its step; then rank 0 writes a checkpoint (send "
-                    "it again to stop at once)", signal.Signals(signum).name)
+        super()._handle(signum, frame)  # (a second signal raises here; torch's launcher then sends the ranks
+        # SIGTERM: a second signal for them too)
         for process in multiprocessing.active_children():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(process.pid, signum)
-
-    def restore(self) -> None:
-        for s, handler in self.previous.items():
-            signal.signal(s, handler)
 
 
 def _left_on_disk(run_dir: Path) -> str:

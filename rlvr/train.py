@@ -68,6 +68,8 @@ class GracefulStop:
     """Once installed, SIGINT / SIGTERM ask the loop to stop after the current step (a second
     signal stops at once); `restore` puts the previous handlers back."""
 
+    MESSAGE = "%s: finishing this step, then writing a checkpoint (send it again to stop at once)"
+
     def __init__(self) -> None:
         self.signal: int | None = None
         self.previous = {s: signal.signal(s, self._handle) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -76,8 +78,7 @@ class GracefulStop:
         if self.signal is not None:
             raise KeyboardInterrupt
         self.signal = signum
-        log.warning("%s: finishing this step, then writing a checkpoint (send it again to stop at once)",
-                    signal.Signals(signum).name)
+        log.warning(self.MESSAGE, signal.Signals(signum).name)
 
     def restore(self) -> None:
         for s, handler in self.previous.items():
