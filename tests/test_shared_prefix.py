@@ -9,8 +9,9 @@ import random
 import pytest
 import torch
 
-from rlvr.learner import Learner, make_batch, shared_prefix_choice
+from rlvr.learner import Learner, make_batch, shared_prefix_choice, token_logprobs
 from rlvr.models import build_atomically
+from rlvr.shared_prefix import pack, shared_prefix_logprobs
 from rlvr.types import Prompt, Rollout
 
 from .conftest import compose_config
@@ -34,7 +35,7 @@ def _learner(cache_dir, path, shared: bool, *overrides) -> Learner:
                    cfg.rollout.max_tokens, "cpu")
 
 
-def _batch(learner: Learner, groups=3, group_size=4, seed=0):
+def _batch(learner: Learner, groups=3, group_size=4, seed=0, longest=12):
     """Groups of `group_size` completions of one prompt each; prompts and completions of different lengths,
     sampler logprobs near the learner's (so that clipping and TIS do something but not everything)."""
     rng = random.Random(seed)
@@ -43,7 +44,7 @@ def _batch(learner: Learner, groups=3, group_size=4, seed=0):
     for g in range(groups):
         prompt = [rng.randrange(3, vocab) for _ in range(rng.randint(6, 30))]
         for _ in range(group_size):
-            c = [rng.randrange(3, vocab) for _ in range(rng.randint(1, 12))]
+            c = [rng.randrange(3, vocab) for _ in range(rng.randint(1, longest))]
             rollouts.append(Rollout(prompt=Prompt(messages=[], answer=""), group=g, prompt_ids=prompt,
                                     completion_ids=c, sampler_logprobs=[0.0] * len(c), text="",
                                     finish_reason="length" if len(c) == 12 else "stop"))
@@ -93,6 +94,42 @@ def test_shared_prefix_equals_full_rows_on_the_default_model(cache_dir, smollm2_
     # sequence ratio (exp of a mean) carries that into a loss that agreed to 1.2e-5 relative on an
     # AVX-512 Xeon (its kernels sum in another order than AVX2's)
     _compare(full, shared, _batch(full, groups=2), logprob_tol=1e-4, grad_rtol=1e-3, loss_rtol=1e-4)
+
+
+def test_pack_lays_completions_end_to_end_in_lanes():
+    # lengths 5, 3, 4 in lanes of 8: the third does not fit after the first two and starts a new lane
+    assert pack([5, 3, 4], 8) == ([0, 0, 1], [0, 5, 0])
+    assert pack([5, 3, 4], 5) == ([0, 1, 2], [0, 0, 0])
+    assert pack([2, 2, 2], 512) == ([0, 0, 0], [0, 2, 4])
+
+
+@pytest.mark.parametrize("kernel", ["eager", "sdpa"])
+@pytest.mark.parametrize(("pack_tokens", "longest"), [(1, 12), (13, 12), (512, 12), (1, 1)],
+                         ids=["a lane per row", "a few rows a lane", "one lane", "one-token lanes"])
+def test_packed_completions_give_the_full_rows_logprobs_and_gradients(cache_dir, tiny_path, pack_tokens, longest,
+                                                                      kernel):
+    """Directly against `token_logprobs` on full rows: the logprobs of every completion token and the
+    gradient of a weighted sum of them, whether the completions sit one per lane, several per lane
+    (rows of two groups sharing one), or all in one, or are one token each (scored by the prompts'
+    logits alone); with both attention kernels (their masks differ)."""
+    learner = _learner(cache_dir, tiny_path, True)
+    model = learner.model
+    model.set_attn_implementation(kernel)
+    batch = _batch(learner, groups=3, longest=longest)
+    weights = torch.randn(batch.loss_mask.shape, generator=torch.Generator().manual_seed(1)) * batch.loss_mask
+    out = {}
+    for name, fn in {"full": lambda: token_logprobs(model, batch.input_ids, batch.attention_mask),
+                     "packed": lambda: shared_prefix_logprobs(model, batch.input_ids, batch.attention_mask,
+                                                              batch.prompt_lens, batch.groups,
+                                                              pack_tokens=pack_tokens)}.items():
+        model.zero_grad()
+        logp = fn()
+        (logp * weights).sum().backward()
+        out[name] = logp.detach() * batch.loss_mask, {n: p.grad.clone() for n, p in model.named_parameters()}
+    assert (out["full"][0] - out["packed"][0]).abs().max() < 1e-5
+    assert (out["packed"][0] == 0).sum() == (batch.loss_mask == 0).sum()  # every completion token scored
+    for n, g in out["full"][1].items():
+        assert (out["packed"][1][n] - g).abs().max() <= 1e-4 * g.abs().max() + 1e-9, n
 
 
 def test_auto_turns_it_on_only_for_tested_model_families():
