@@ -2,19 +2,18 @@
 padding.
 
 The G completions of a group share their prompt; the full-row path (`rlvr.learner.token_logprobs`)
-runs the prompt through the model G times, forward and backward. Here each distinct prompt of a
-micro-batch is forwarded once, with its keys and values cached, and the completions attend to it.
-
-The completions are packed: laid end to end in rows ("lanes") of `PACK_TOKENS` tokens (or the longest
-completion, if longer), instead of one right-padded row each. Completion lengths vary widely within a
-group (3 to 48 tokens in one step of `make train`), so a padded [rows, longest] layout ran the model
-on ~40 % padding. A 4-D attention mask lets each packed token see its group's prompt and the tokens
-before it in its own completion, nothing else; every token gets its true position through
-`position_ids`. The prompts' cache is laid out as one sequence of all the micro-batch's prompts
-(its backward sums every lane's gradient into the one prompt computation, exactly as G copies of
-the prompt would receive them). Prompts are right-padded (a left pad would be a query row with
-nothing to attend to); their pads are masked out. Tested equal to the full-row path (logprobs, loss
-and every parameter's gradient) on the tiny and the default model.
+runs the prompt through the model G times, forward and backward, and pads every row to the longest.
+Here the micro-batch is packed: each group's prompt once, then its completions, laid end to end in
+rows ("lanes") of `PACK_TOKENS` tokens (or of the longest prompt + completion, if longer), and one
+forward runs them all. A 4-D attention mask lets a prompt token see the prompt before it, and a
+completion token its group's prompt and the tokens before it in its own completion, nothing else;
+every token gets its true position through `position_ids`. The prompt's last position scores the
+first token of each of its completions, so the gradient of G completions flows into the one prompt
+computation, exactly as G full rows would give it. A group whose completions do not fit in one lane
+continues in the next, its prompt placed again there. Completion lengths vary widely within a group
+(3 to 48 tokens in one step of `make train`), so padded rows ran the model on ~40 % padding.
+Tested equal to the full-row path (logprobs, loss and every parameter's gradient) on the tiny and
+the default model.
 """
 
 from __future__ import annotations
@@ -25,9 +24,9 @@ from rlvr.logprobs import target_logprobs
 
 # Model families (config.model_type) on which this path is tested equal to the full rows.
 TESTED = ("llama",)
-# Completion tokens packed into one row of the completion forward (at least the longest completion).
-# Attention over a packed row costs (prompts + row)^2 instead of the sum of (prompt + completion)^2 of
-# its rows; at 512 that is small beside the rest of the model for any completion length.
+# Tokens packed into one row of the forward (at least the longest prompt + completion). Attention over a
+# packed row costs its length squared instead of the sum of its sequences' squares; at 512 that is
+# small beside the rest of the model.
 PACK_TOKENS = 512
 
 
@@ -39,77 +38,87 @@ def group_starts(groups: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return first.nonzero().flatten(), inverse
 
 
-def pack(lens: list[int], width: int) -> tuple[list[int], list[int]]:
-    """Lay completions of lengths `lens` end to end, in order, in lanes of at most `width` tokens
-    (each length <= width): (lane of each completion, column where it starts)."""
-    lanes, starts, lane, used = [], [], 0, 0
-    for n in lens:
-        if used + n > width:
-            lane, used = lane + 1, 0
-        lanes.append(lane)
-        starts.append(used)
-        used += n
-    return lanes, starts
+def pack(groups: list[int], prompt_lens: list[int], lens: list[int], width: int) -> list[list[tuple[int, int]]]:
+    """Lanes of at most `width` tokens for rows of `groups` (adjacent rows of a group share its prompt)
+    with prompts of `prompt_lens` and completions of `lens` (each prompt + completion <= width): each lane
+    a list of (row, kind) segments in order, kind 0 the row's prompt (its group's), 1 its completion."""
+    lanes: list[list[tuple[int, int]]] = []
+    used, group = width + 1, None  # no lane yet
+    for i, (g, p, c) in enumerate(zip(groups, prompt_lens, lens, strict=True)):
+        need = c + (p if g != group else 0)
+        if used + need > width:  # a new lane, where the group's prompt goes first
+            lanes.append([])
+            used, group, need = 0, None, p + c
+        if g != group:
+            lanes[-1].append((i, 0))
+            group = g
+        lanes[-1].append((i, 1))
+        used += need
+    return lanes
 
 
 def shared_prefix_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                            prompt_lens: torch.Tensor, groups: torch.Tensor, temperature: float = 1.0,
-                           pack_tokens: int = PACK_TOKENS) -> torch.Tensor:
+                           pack_tokens: int | None = None) -> torch.Tensor:
     """Logprobs [n, T-1] of the completion tokens of `input_ids` [n, T] (right-padded prompt +
     completion rows; row i's prompt is its first `prompt_lens[i]` tokens, rows of one group are
     adjacent and share their prompt), in the layout of `token_logprobs`: position t scores token t+1.
     Prompt and padding positions are 0."""
     n, t = input_ids.shape
     device = input_ids.device
-    first, inverse = group_starts(groups)
-    p = prompt_lens[first]  # [K] prompt length of each group
-    k, p_max = len(first), int(p.max())
-    prompt_mask = (torch.arange(p_max, device=device)[None] < p[:, None]).long()  # [K, p_max]
-    prompt_ids = input_ids[first, :p_max] * prompt_mask
-    # The last prompt token's logits score the first completion token: keep the positions that can hold it.
-    keep = p_max - int(p.min()) + 1
-    out = model(input_ids=prompt_ids, attention_mask=prompt_mask, use_cache=True, logits_to_keep=keep)
-    last = out.logits[torch.arange(k, device=device), p - 1 - (p_max - keep)]  # [K, V]
-    cache = out.past_key_values
-
-    # Every completion token: its row, its offset r in its completion, and where it sits when packed.
-    lens = attention_mask.sum(dim=1) - prompt_lens  # [n] completion lengths
-    lane_of, start_of = pack(lens.tolist(), max(int(lens.max()), pack_tokens))
-    row = torch.repeat_interleave(torch.arange(n, device=device), lens)  # [L]
-    r = torch.arange(len(row), device=device) - (lens.cumsum(0) - lens)[row]  # [L]
-    lane = torch.tensor(lane_of, device=device)[row]  # [L]
-    col = torch.tensor(start_of, device=device)[row] + r  # [L]
-    lanes, width = lane_of[-1] + 1, int(col.max()) + 1
-    target = prompt_lens[row] + r  # [L] each token's position in its full row
-    ids = torch.zeros(lanes, width, dtype=input_ids.dtype, device=device).index_put((lane, col), input_ids[row, target])
-    positions = torch.zeros_like(ids).index_put((lane, col), target)
-    owner = torch.full_like(ids, -1).index_put((lane, col), row)  # [lanes, W] the row of each packed token; -1: pad
-
-    # A packed token sees its group's prompt (minus its pads) and its own completion up to itself; a pad
-    # sees only itself (a softmax row with nothing in it would be NaN).
-    cols = torch.arange(width, device=device)
-    own = (owner[:, :, None] == owner[:, None, :]) & (cols[None, :] <= cols[:, None])  # [lanes, W, W]
-    own |= torch.eye(width, dtype=torch.bool, device=device)
-    group = torch.where(owner >= 0, inverse[owner.clamp(min=0)], -1)  # [lanes, W]
-    key_group = torch.arange(k, device=device).repeat_interleave(p_max)  # [K * p_max]
-    to_prompt = (group[:, :, None] == key_group) & prompt_mask.flatten().bool()  # [lanes, W, K * p_max]
-    allowed = torch.cat([to_prompt, own], dim=-1)[:, None]  # [lanes, 1, W, K * p_max + W]
+    p, lens = prompt_lens.tolist(), (attention_mask.sum(dim=1) - prompt_lens).tolist()
+    width = max(pack_tokens or PACK_TOKENS, max(a + b for a, b in zip(p, lens, strict=True)))
+    lanes = pack(group_starts(groups)[1].tolist(), p, lens, width)
+    # Each packed token: where it goes (lane, column), what it is (row, position in the row), its segment
+    # (a prompt or a completion placed in a lane) and the prompt segment that a completion token also sees.
+    where, source, segment, sees, lengths = [], [], [], [], []
+    scorer = [(0, 0)] * n  # (lane, column) of the prompt's last token, whose logits score row i's first token
+    for lane, parts in enumerate(lanes):
+        col = 0
+        for s, (i, kind) in enumerate(parts):
+            span = range(p[i]) if kind == 0 else range(p[i], p[i] + lens[i])
+            where += [(lane, col + j) for j in range(len(span))]
+            source += [(i, j) for j in span]
+            segment += [s] * len(span)
+            if kind == 0:
+                prompt, scorer_of_group = s, (lane, col + p[i] - 1)
+            else:
+                scorer[i] = scorer_of_group
+            sees += [prompt if kind else -1] * len(span)
+            col += len(span)
+        lengths.append(col)
+    lane, col = torch.tensor(where, device=device).T  # [P] each, P packed tokens
+    row, pos = torch.tensor(source, device=device).T  # [P]
+    shape = (len(lanes), max(lengths))
+    ids = torch.zeros(shape, dtype=input_ids.dtype, device=device).index_put((lane, col), input_ids[row, pos])
+    positions = torch.zeros_like(ids).index_put((lane, col), pos)
+    seg = torch.full_like(ids, -1).index_put((lane, col), torch.tensor(segment, device=device))  # [lanes, W]
+    ctx = torch.full_like(ids, -1).index_put((lane, col), torch.tensor(sees, device=device))  # [lanes, W]
+    # A token sees the tokens before it in its own segment and, a completion token, its prompt's segment;
+    # a pad only itself (a softmax row with nothing in it would be NaN).
+    w = shape[1]
+    cols = torch.arange(w, device=device)
+    allowed = ((seg[:, :, None] == seg[:, None, :]) & (cols[None, :] <= cols[:, None]) & (seg[:, :, None] >= 0)
+               | (ctx[:, :, None] == seg[:, None, :]) & (ctx[:, :, None] >= 0)
+               | torch.eye(w, dtype=torch.bool, device=device))[:, None]  # [lanes, 1, W, W]
     mask = allowed  # SDPA takes a boolean mask; eager attention adds its mask to the scores
     if model.config._attn_implementation == "eager":
         mask = torch.zeros(allowed.shape, device=device).masked_fill_(~allowed, torch.finfo(torch.float32).min)
-    # The prompts' cache as one sequence that every lane reads: [K, h, p_max, d] -> [lanes, h, K * p_max, d].
-    # (transformers' DynamicCache holds each layer's tensors in .keys / .values; reorder_cache sets them alike.)
-    for layer in cache.layers:
-        layer.keys, layer.values = (x.transpose(0, 1).reshape(1, x.shape[1], k * p_max, x.shape[3])
-                                    .expand(lanes, -1, -1, -1) for x in (layer.keys, layer.values))
-    logits = model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
-                   use_cache=True).logits  # [lanes, W, V]
+    # Logits only where they score something: completion tokens (the next one) and prompts' last tokens.
+    s_lane, s_col = torch.tensor(scorer, device=device).T  # [n]
+    scores = (ctx >= 0).index_put((s_lane, s_col), torch.tensor(True, device=device))
+    keep = scores.any(dim=0).nonzero().flatten()  # [C] columns
+    at = torch.zeros(w, dtype=torch.long, device=device).index_put((keep,), torch.arange(len(keep), device=device))
+    logits = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False,
+                   logits_to_keep=keep).logits  # [lanes, C, V]
 
-    # Completion token r is scored by the logits before it: its prompt's last for r = 0, else the packed
-    # token before it. (Logits at a completion's last token, or across a boundary, score nothing used.)
-    firsts = target_logprobs(last[inverse][:, None], input_ids[torch.arange(n, device=device),
-                                                               prompt_lens.clamp(max=t - 1)][:, None], temperature)
-    rest = torch.nn.functional.pad(target_logprobs(logits[:, :-1], ids[:, 1:], temperature), (1, 0))  # [lanes, W]
-    logprobs = torch.where(r == 0, firsts[row, 0], rest[lane, col])  # [L], float32
-    out = torch.zeros(n, t, dtype=logprobs.dtype, device=device)
-    return out.index_put((row, target - 1), logprobs)[:, :-1]
+    # Completion token r is scored by the logits before it: its prompt's last for r = 0 (one prompt position
+    # scores each of its G completions' first tokens), else the packed token before it.
+    firsts = target_logprobs(logits[s_lane, at[s_col]][:, None],
+                             input_ids[torch.arange(n, device=device), prompt_lens.clamp(max=t - 1)][:, None],
+                             temperature)  # [n, 1]
+    rest = target_logprobs(logits, ids.roll(-1, dims=1)[:, keep], temperature)  # [lanes, C]: the next token's
+    done = ctx[lane, col] >= 0  # [P] the completion tokens
+    lane, col, row, pos = lane[done], col[done], row[done], pos[done]  # [L]
+    logprobs = torch.where(pos == prompt_lens[row], firsts[row, 0], rest[lane, at[col - 1]])  # [L], float32
+    return torch.zeros(n, t, dtype=logprobs.dtype, device=device).index_put((row, pos - 1), logprobs)[:, :-1]

@@ -96,11 +96,13 @@ def test_shared_prefix_equals_full_rows_on_the_default_model(cache_dir, smollm2_
     _compare(full, shared, _batch(full, groups=2), logprob_tol=1e-4, grad_rtol=1e-3, loss_rtol=1e-4)
 
 
-def test_pack_lays_completions_end_to_end_in_lanes():
-    # lengths 5, 3, 4 in lanes of 8: the third does not fit after the first two and starts a new lane
-    assert pack([5, 3, 4], 8) == ([0, 0, 1], [0, 5, 0])
-    assert pack([5, 3, 4], 5) == ([0, 1, 2], [0, 0, 0])
-    assert pack([2, 2, 2], 512) == ([0, 0, 0], [0, 2, 4])
+def test_pack_lays_each_groups_prompt_then_its_completions_in_lanes():
+    # groups 0, 0, 1 with prompts of 3, 3, 2 and completions of 2, 4, 3 tokens in lanes of 9: group 0's
+    # prompt and both completions fill the first lane (3 + 2 + 4); group 1 needs 5 more: a new lane
+    assert pack([0, 0, 1], [3, 3, 2], [2, 4, 3], 9) == [[(0, 0), (0, 1), (1, 1)], [(2, 0), (2, 1)]]
+    # a group that overflows its lane continues in the next, its prompt placed again
+    assert pack([0, 0], [3, 3], [4, 4], 8) == [[(0, 0), (0, 1)], [(1, 0), (1, 1)]]
+    assert pack([0, 0, 1], [3, 3, 2], [2, 4, 3], 512) == [[(0, 0), (0, 1), (1, 1), (2, 0), (2, 1)]]
 
 
 @pytest.mark.parametrize("kernel", ["eager", "sdpa"])
@@ -109,9 +111,9 @@ def test_pack_lays_completions_end_to_end_in_lanes():
 def test_packed_completions_give_the_full_rows_logprobs_and_gradients(cache_dir, tiny_path, pack_tokens, longest,
                                                                       kernel):
     """Directly against `token_logprobs` on full rows: the logprobs of every completion token and the
-    gradient of a weighted sum of them, whether the completions sit one per lane, several per lane
-    (rows of two groups sharing one), or all in one, or are one token each (scored by the prompts'
-    logits alone); with both attention kernels (their masks differ)."""
+    gradient of a weighted sum of them, whether each lane holds one prompt and completion (a group's
+    prompt placed again in every lane), a few, or everything, or one-token completions (scored by
+    the prompts' logits alone); with both attention kernels (their masks differ)."""
     learner = _learner(cache_dir, tiny_path, True)
     model = learner.model
     model.set_attn_implementation(kernel)
