@@ -118,7 +118,7 @@ def shared_prefix_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, atte
                              input_ids[torch.arange(n, device=device), prompt_lens.clamp(max=t - 1)][:, None],
                              temperature)  # [n, 1]
     rest = target_logprobs(logits, ids.roll(-1, dims=1)[:, keep], temperature)  # [lanes, C]: the next token's
-    done = ctx[lane, col] >= 0  # [P] the completion tokens
-    lane, col, row, pos = lane[done], col[done], row[done], pos[done]  # [L]
+    completion = ctx[lane, col] >= 0  # [P]
+    lane, col, row, pos = lane[completion], col[completion], row[completion], pos[completion]  # [L] completion tokens
     logprobs = torch.where(pos == prompt_lens[row], firsts[row, 0], rest[lane, at[col - 1]])  # [L], float32
     return torch.zeros(n, t, dtype=logprobs.dtype, device=device).index_put((row, pos - 1), logprobs)[:, :-1]
