@@ -59,7 +59,7 @@ def pack(groups: list[int], prompt_lens: list[int], lens: list[int], width: int)
 
 def shared_prefix_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                            prompt_lens: torch.Tensor, groups: torch.Tensor, temperature: float = 1.0,
-                           pack_tokens: int | None = None) -> torch.Tensor:
+                           pack_tokens: int = PACK_TOKENS) -> torch.Tensor:
     """Logprobs [n, T-1] of the completion tokens of `input_ids` [n, T] (right-padded prompt +
     completion rows; row i's prompt is its first `prompt_lens[i]` tokens, rows of one group are
     adjacent and share their prompt), in the layout of `token_logprobs`: position t scores token t+1.
@@ -67,7 +67,7 @@ def shared_prefix_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, atte
     n, t = input_ids.shape
     device = input_ids.device
     p, lens = prompt_lens.tolist(), (attention_mask.sum(dim=1) - prompt_lens).tolist()
-    width = max(pack_tokens or PACK_TOKENS, max(a + b for a, b in zip(p, lens, strict=True)))
+    width = max(pack_tokens, max(a + b for a, b in zip(p, lens, strict=True)))
     lanes = pack(group_starts(groups)[1].tolist(), p, lens, width)
     # Each packed token: where it goes (lane, column), what it is (row, position in the row), its segment
     # (a prompt or a completion placed in a lane) and the prompt segment that a completion token also sees.
