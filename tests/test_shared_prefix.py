@@ -113,16 +113,17 @@ def test_packed_completions_give_the_full_rows_logprobs_and_gradients(cache_dir,
     """Directly against `token_logprobs` on full rows: the logprobs of every completion token and the
     gradient of a weighted sum of them, whether each lane holds one prompt and completion (a group's
     prompt placed again in every lane), a few, or everything, or one-token completions (scored by
-    the prompts' logits alone); with both attention kernels (their masks differ)."""
+    the prompts' logits alone); with both attention kernels (their masks differ); at a sampling
+    temperature other than 1 (both the prompts' and the completions' logits are scaled by it)."""
     learner = _learner(cache_dir, tiny_path, True)
     model = learner.model
     model.set_attn_implementation(kernel)
     batch = _batch(learner, groups=3, longest=longest)
     weights = torch.randn(batch.loss_mask.shape, generator=torch.Generator().manual_seed(1)) * batch.loss_mask
     out = {}
-    for name, fn in {"full": lambda: token_logprobs(model, batch.input_ids, batch.attention_mask),
+    for name, fn in {"full": lambda: token_logprobs(model, batch.input_ids, batch.attention_mask, 0.7),
                      "packed": lambda: shared_prefix_logprobs(model, batch.input_ids, batch.attention_mask,
-                                                              batch.prompt_lens, batch.groups,
+                                                              batch.prompt_lens, batch.groups, 0.7,
                                                               pack_tokens=pack_tokens)}.items():
         model.zero_grad()
         logp = fn()
