@@ -25,7 +25,7 @@ from rlvr.algorithms.losses import (
 from rlvr.logprobs import target_logprobs
 from rlvr.models import ModelError
 from rlvr.precision import Precision
-from rlvr.shared_prefix import TESTED, group_starts, shared_prefix_logprobs
+from rlvr.shared_prefix import TESTED, packed_tokens, shared_prefix_logprobs
 from rlvr.types import Batch, Prompt, Rollout
 
 log = logging.getLogger(__name__)
@@ -239,8 +239,7 @@ class Learner:
         self._pick_attention(model, len(part), width)
         with self.autocast():  # the logprobs themselves are float32 (target_logprobs)
             if self.shared_prefix:
-                first, _ = group_starts(part.groups)
-                self.tokens += int(part.attention_mask.sum() - part.prompt_lens.sum() + part.prompt_lens[first].sum())
+                self.tokens += packed_tokens(part.attention_mask, part.prompt_lens, part.groups)
                 return (shared_prefix_logprobs(model, ids, attn, part.prompt_lens.to(self.device),
                                                part.groups.to(self.device), self.temperature), mask, width)
             self.tokens += int(part.attention_mask.sum())

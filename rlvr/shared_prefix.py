@@ -30,14 +30,6 @@ TESTED = ("llama",)
 PACK_TOKENS = 512
 
 
-def group_starts(groups: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """For rows [n] sorted by group: (index of each group's first row [K], each row's group 0..K-1 [n])."""
-    _, inverse = torch.unique_consecutive(groups, return_inverse=True)
-    first = torch.ones_like(groups, dtype=torch.bool)
-    first[1:] = groups[1:] != groups[:-1]
-    return first.nonzero().flatten(), inverse
-
-
 def pack(groups: list[int], prompt_lens: list[int], lens: list[int], width: int) -> list[list[tuple[int, int]]]:
     """Lanes of at most `width` tokens for rows of `groups` (adjacent rows of a group share its prompt)
     with prompts of `prompt_lens` and completions of `lens` (each prompt + completion <= width): each lane
@@ -57,6 +49,23 @@ def pack(groups: list[int], prompt_lens: list[int], lens: list[int], width: int)
     return lanes
 
 
+def lanes_of(attention_mask: torch.Tensor, prompt_lens: torch.Tensor, groups: torch.Tensor,
+             pack_tokens: int = PACK_TOKENS) -> tuple[list[list[tuple[int, int]]], list[int], list[int]]:
+    """(lanes as `pack` lays them, prompt lengths, completion lengths) of a micro-batch of right-padded
+    rows: lanes of `pack_tokens` tokens, or of the longest prompt + completion if longer."""
+    p, lens = prompt_lens.tolist(), (attention_mask.sum(dim=1) - prompt_lens).tolist()
+    width = max(pack_tokens, max(a + b for a, b in zip(p, lens, strict=True)))
+    return pack(groups.tolist(), p, lens, width), p, lens
+
+
+def packed_tokens(attention_mask: torch.Tensor, prompt_lens: torch.Tensor, groups: torch.Tensor,
+                  pack_tokens: int = PACK_TOKENS) -> int:
+    """Tokens that `shared_prefix_logprobs` runs through the model for this micro-batch: each group's
+    prompt once per lane it is placed in, and every completion token."""
+    lanes, p, lens = lanes_of(attention_mask, prompt_lens, groups, pack_tokens)
+    return sum(lens[i] if kind else p[i] for parts in lanes for i, kind in parts)
+
+
 def shared_prefix_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                            prompt_lens: torch.Tensor, groups: torch.Tensor, temperature: float = 1.0,
                            pack_tokens: int = PACK_TOKENS) -> torch.Tensor:
@@ -66,9 +75,7 @@ def shared_prefix_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, atte
     Prompt and padding positions are 0."""
     n, t = input_ids.shape
     device = input_ids.device
-    p, lens = prompt_lens.tolist(), (attention_mask.sum(dim=1) - prompt_lens).tolist()
-    width = max(pack_tokens, max(a + b for a, b in zip(p, lens, strict=True)))
-    lanes = pack(group_starts(groups)[1].tolist(), p, lens, width)
+    lanes, p, lens = lanes_of(attention_mask, prompt_lens, groups, pack_tokens)
     # Each packed token: where it goes (lane, column), what it is (row, position in the row), its segment
     # (a prompt or a completion placed in a lane) and the prompt segment that a completion token also sees.
     where, source, segment, sees, lengths = [], [], [], [], []
