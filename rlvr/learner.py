@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 from omegaconf import DictConfig
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rlvr import distributed
@@ -44,6 +45,14 @@ def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_ma
     logprobs = target_logprobs(logits[:, :-1], input_ids[:, start + 1 :], temperature)  # position s predicts s+1
     return torch.nn.functional.pad(logprobs, (start, 0))
 
+
+# SDPA's kernels on CUDA, cuDNN's left out. torch 2.11 picks cuDNN's attention first for a bf16 forward
+# with a mask on an H200, and it builds a graph for each new shape: the first forward and backward at
+# a new width took 0.70 s (mean of 10, max 2.1 s) against 0.7 ms with memory-efficient attention. The
+# learner's widths change with every micro-batch, so it paid that at nearly every one: a bf16-mixed
+# update of the tiny model took 2.9 s with it and 0.12 s without (scripts/gpu_check.py; README, The
+# CUDA path). Flash and memory-efficient attention take any shape at no set-up cost.
+SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 # On CPU, eager attention while the attention weights it keeps for the backward stay this small
 # (elements of [rows, heads, width, width] per layer), SDPA beyond (`attention_kernel`).
@@ -205,11 +214,15 @@ class Learner:
             return ((name, p.to(dtype)) for name, p in merged_weights(self.model))
         return ((name, distributed.full(p).detach().to(dtype)) for name, p in self.model.state_dict().items())
 
-    def autocast(self):
-        """bf16 autocast for a forward (and its backward) under bf16-mixed; nothing under fp32."""
-        if not self.bf16:
-            return contextlib.nullcontext()
-        return torch.autocast(device_type=torch.device(self.device).type, dtype=torch.bfloat16)
+    def autocast(self) -> contextlib.ExitStack:
+        """What a forward (and its backward) runs under: bf16 autocast under bf16-mixed, and on CUDA
+        SDPA without cuDNN's attention (`SDPA_BACKENDS`)."""
+        stack = contextlib.ExitStack()
+        if self.bf16:
+            stack.enter_context(torch.autocast(device_type=torch.device(self.device).type, dtype=torch.bfloat16))
+        if torch.device(self.device).type == "cuda":
+            stack.enter_context(sdpa_kernel(SDPA_BACKENDS))
+        return stack
 
     @torch.no_grad()
     def sequence_logprobs(self, token_ids: list[int]) -> torch.Tensor:
