@@ -51,8 +51,14 @@ def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_ma
 # a new width took 0.70 s (mean of 10, max 2.1 s) against 0.7 ms with memory-efficient attention. The
 # learner's widths change with every micro-batch, so it paid that at nearly every one: a bf16-mixed
 # update of the tiny model took 2.9 s with it and 0.12 s without (scripts/gpu_check.py; README, The
-# CUDA path). Flash and memory-efficient attention take any shape at no set-up cost.
+# CUDA path). Flash and memory-efficient attention take any shape at no set-up cost. The transformers
+# engine (rlvr.rollout.hf_engine), whose prompt widths change with every call, leaves it out too.
 SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
+def attention_kernels(device: str) -> contextlib.AbstractContextManager:
+    """The SDPA kernels a forward on `device` may use: on CUDA `SDPA_BACKENDS`, elsewhere torch's choice."""
+    return sdpa_kernel(SDPA_BACKENDS) if torch.device(device).type == "cuda" else contextlib.nullcontext()
 
 # On CPU, eager attention while the attention weights it keeps for the backward stay this small
 # (elements of [rows, heads, width, width] per layer), SDPA beyond (`attention_kernel`).
@@ -220,8 +226,7 @@ class Learner:
         stack = contextlib.ExitStack()
         if self.bf16:
             stack.enter_context(torch.autocast(device_type=torch.device(self.device).type, dtype=torch.bfloat16))
-        if torch.device(self.device).type == "cuda":
-            stack.enter_context(sdpa_kernel(SDPA_BACKENDS))
+        stack.enter_context(attention_kernels(self.device))
         return stack
 
     @torch.no_grad()

@@ -21,7 +21,7 @@ import torch
 from omegaconf import DictConfig
 
 from rlvr.errors import EngineError, WeightSyncError
-from rlvr.learner import token_logprobs
+from rlvr.learner import attention_kernels, token_logprobs
 from rlvr.rollout import request_seeds
 from rlvr.types import Prompt, Rollout
 
@@ -59,10 +59,11 @@ class TransformersEngine:
             for start in range(0, len(rows), ROWS_PER_BATCH):
                 chunk = rows[start : start + ROWS_PER_BATCH]
                 distinct = sorted({i for i, _ in chunk})
-                out += self._decode([prompt_ids[i] for i in distinct], [distinct.index(i) for i, _ in chunk],
-                                    [seeds[i] + j for i, j in chunk], temperature=self.cfg.temperature,
-                                    max_new=[self.cfg.max_tokens if max_tokens is None else max_tokens[i]
-                                             for i, _ in chunk], greedy=greedy, stop=stop)
+                with attention_kernels(self.device):  # widths change with every call (learner.SDPA_BACKENDS)
+                    out += self._decode([prompt_ids[i] for i in distinct], [distinct.index(i) for i, _ in chunk],
+                                        [seeds[i] + j for i, j in chunk], temperature=self.cfg.temperature,
+                                        max_new=[self.cfg.max_tokens if max_tokens is None else max_tokens[i]
+                                                 for i, _ in chunk], greedy=greedy, stop=stop)
         except Exception as e:
             first = prompts[0].messages[-1]["content"][:200] if prompts and prompts[0].messages else ""
             raise EngineError(f"the transformers engine failed {context} on {len(prompts)} prompts x {n} samples "
@@ -151,7 +152,8 @@ class TransformersEngine:
     @torch.no_grad()
     def sequence_logprobs(self, token_ids: list[int]) -> torch.Tensor:
         ids = torch.tensor([token_ids], device=self.device)
-        return token_logprobs(self.model, ids, torch.ones_like(ids))[0].float().cpu()
+        with attention_kernels(self.device):
+            return token_logprobs(self.model, ids, torch.ones_like(ids))[0].float().cpu()
 
     def sample_continuation(self, token_ids: list[int], n_new: int, seed: int = 0) -> tuple[list[int], torch.Tensor]:
         ids, logprobs, _ = self._decode([token_ids], [0], [seed], temperature=1.0, max_new=[n_new], ignore_eos=True)[0]
