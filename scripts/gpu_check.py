@@ -6,10 +6,10 @@ one Markdown table. Run it through `scripts/gpu_check.sh`.
     python scripts/gpu_check.py                     # on CUDA, every case (5 minutes on one H200)
     python scripts/gpu_check.py --device cpu --cases tiny-fp32 --steps 2   # a smoke test without a GPU
 
-Each case runs in its own process (its own peak memory), and its row is printed as soon as it ends;
-the cases after `--budget` seconds are skipped, so a run cut short still reports what it did: `--steps` steps of +experiment=multiplication
-with reward=digits (8 prompts x 8 samples, 48 new tokens), the mean of the steps after the first. Columns: step time and
-its split, rollout tokens/s, learner tokens/s and the learner's model FLOP/s as a share of the bf16
+Each case runs `--steps` steps of +experiment=multiplication with reward=digits (8 prompts x 8
+samples, 48 new tokens) in its own process (its own peak memory), and its row, the mean of the steps
+after the first, is printed as soon as it ends; cases that would start after `--budget` seconds are
+skipped, so a run cut short still reports what it did. Columns: step time and its split, rollout tokens/s, learner tokens/s and the learner's model FLOP/s as a share of the bf16
 (or fp32) matmul rate measured here on the same device (FLOPs per token: 6N with every weight
 training, 4N with LoRA, +2N for the TIS forward of bf16-mixed; N = parameters), weight sync time,
 the canary difference, and peak memory (CUDA: torch's peak allocation; CPU: the process's RSS).
