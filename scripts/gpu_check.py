@@ -9,10 +9,11 @@ one Markdown table. Run it through `scripts/gpu_check.sh`.
 Each case runs `--steps` steps of +experiment=multiplication with reward=digits (8 prompts x 8
 samples, 48 new tokens) in its own process (its own peak memory), and its row, the mean of the steps
 after the first, is printed as soon as it ends; cases that would start after `--budget` seconds are
-skipped, so a run cut short still reports what it did. Columns: step time and its split, rollout tokens/s, learner tokens/s and the learner's model FLOP/s as a share of the bf16
-(or fp32) matmul rate measured here on the same device (FLOPs per token: 6N with every weight
-training, 4N with LoRA, +2N for the TIS forward of bf16-mixed; N = parameters), weight sync time,
-the canary difference, and peak memory (CUDA: torch's peak allocation; CPU: the process's RSS).
+skipped, so a run cut short still reports what it did. Columns: step time and its split, rollout
+tokens/s, learner tokens/s and the learner's model FLOP/s as a share of the bf16 (or fp32) matmul
+rate measured here on the same device (FLOPs per token: 6N with every weight training, 4N with LoRA,
++2N for the TIS forward of bf16-mixed; N = parameters), weight sync time, the canary difference,
+and peak memory (CUDA: torch's peak allocation; CPU: the process's RSS).
 Not in the table: FSDP2 (it needs two GPUs) and vLLM (the machine this was made for has none; the
 train loop across processes needs it).
 """
