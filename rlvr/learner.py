@@ -220,7 +220,7 @@ class Learner:
             return ((name, p.to(dtype)) for name, p in merged_weights(self.model))
         return ((name, distributed.full(p).detach().to(dtype)) for name, p in self.model.state_dict().items())
 
-    def autocast(self) -> contextlib.ExitStack:
+    def forward_context(self) -> contextlib.ExitStack:
         """What a forward (and its backward) runs under: bf16 autocast under bf16-mixed, and on CUDA
         SDPA without cuDNN's attention (`SDPA_BACKENDS`)."""
         stack = contextlib.ExitStack()
@@ -237,7 +237,7 @@ class Learner:
         self._pick_attention(self.model, 1, len(token_ids))  # the same kernel at every check: bit-for-bit logprobs
         self.model.eval()
         try:
-            with self.autocast():
+            with self.forward_context():
                 return token_logprobs(self.model, ids, torch.ones_like(ids))[0]
         finally:
             self.model.train()
@@ -255,7 +255,7 @@ class Learner:
         ids, attn = part.input_ids[:, :width].to(self.device), part.attention_mask[:, :width].to(self.device)
         mask = part.loss_mask[:, : width - 1].to(self.device)
         self._pick_attention(model, len(part), width)
-        with self.autocast():  # the logprobs themselves are float32 (target_logprobs)
+        with self.forward_context():  # the logprobs themselves are float32 (target_logprobs)
             if self.shared_prefix:
                 self.tokens += packed_tokens(part.attention_mask, part.prompt_lens, part.groups)
                 return (shared_prefix_logprobs(model, ids, attn, part.prompt_lens.to(self.device),

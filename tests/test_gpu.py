@@ -1,6 +1,6 @@
 """The CUDA path (marked `gpu`: skipped without an NVIDIA GPU; CI never has one). On a GPU machine
-without vLLM, `bash scripts/gpu_check.sh` runs the full table; this runs its smallest case, and checks that the
-learner's bf16 attention does not use cuDNN's kernel (rlvr.learner.SDPA_BACKENDS)."""
+without vLLM, `bash scripts/gpu_check.sh` runs the full table; this runs its smallest case, and
+checks that the learner's bf16 attention does not use cuDNN's kernel (rlvr.learner.SDPA_BACKENDS)."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def test_train_on_cuda_with_the_transformers_backend_in_bf16():
 
 def test_the_learners_forwards_leave_cudnn_attention_out(cache_dir, tiny_path):
     """cuDNN's attention builds a graph for each new shape (0.7 s a width on an H200, learner.SDPA_BACKENDS);
-    a bf16 attention with a mask under the learner's autocast must run another kernel."""
+    a bf16 attention with a mask under the learner's forward context must run another kernel."""
     from torch.profiler import profile
 
     from rlvr.learner import Learner
@@ -39,7 +39,7 @@ def test_the_learners_forwards_leave_cudnn_attention_out(cache_dir, tiny_path):
     q = torch.randn(2, 4, 40, 64, device="cuda", requires_grad=True)
     mask = torch.ones(40, 40, dtype=torch.bool, device="cuda").tril()[None, None]
     with profile() as prof:
-        with learner.autocast():
+        with learner.forward_context():
             out = torch.nn.functional.scaled_dot_product_attention(q, q, q, attn_mask=mask)
         out.float().sum().backward()
     names = {e.key for e in prof.key_averages()}

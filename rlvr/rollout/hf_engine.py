@@ -59,11 +59,10 @@ class TransformersEngine:
             for start in range(0, len(rows), ROWS_PER_BATCH):
                 chunk = rows[start : start + ROWS_PER_BATCH]
                 distinct = sorted({i for i, _ in chunk})
-                with attention_kernels(self.device):  # widths change with every call (learner.SDPA_BACKENDS)
-                    out += self._decode([prompt_ids[i] for i in distinct], [distinct.index(i) for i, _ in chunk],
-                                        [seeds[i] + j for i, j in chunk], temperature=self.cfg.temperature,
-                                        max_new=[self.cfg.max_tokens if max_tokens is None else max_tokens[i]
-                                                 for i, _ in chunk], greedy=greedy, stop=stop)
+                out += self._decode([prompt_ids[i] for i in distinct], [distinct.index(i) for i, _ in chunk],
+                                    [seeds[i] + j for i, j in chunk], temperature=self.cfg.temperature,
+                                    max_new=[self.cfg.max_tokens if max_tokens is None else max_tokens[i]
+                                             for i, _ in chunk], greedy=greedy, stop=stop)
         except Exception as e:
             first = prompts[0].messages[-1]["content"][:200] if prompts and prompts[0].messages else ""
             raise EngineError(f"the transformers engine failed {context} on {len(prompts)} prompts x {n} samples "
@@ -90,8 +89,9 @@ class TransformersEngine:
             ids[r, width - len(p):] = torch.tensor(p)
             mask[r, width - len(p):] = 1
         ids, mask = ids.to(self.device), mask.to(self.device)
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
-                         use_cache=True, logits_to_keep=1)
+        with attention_kernels(self.device):  # the width changes with every call (learner.SDPA_BACKENDS)
+            out = self.model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
+                             use_cache=True, logits_to_keep=1)
         index = torch.tensor(row_prompt, device=self.device)
         past = out.past_key_values
         past.reorder_cache(index)  # [prompts, ...] -> [rows, ...]
@@ -108,8 +108,9 @@ class TransformersEngine:
                 ids = torch.tensor([[t if reasons[r] is None else self.pad_id] for r, t in enumerate(chosen)],
                                    device=self.device)
                 mask = torch.cat([mask, torch.ones((b, 1), dtype=mask.dtype, device=self.device)], dim=1)
-                out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
-                                 past_key_values=past, use_cache=True)
+                with attention_kernels(self.device):
+                    out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
+                                     past_key_values=past, use_cache=True)
                 past, logits, positions = out.past_key_values, out.logits[:, -1], positions + 1
             lp = (logits.float() if greedy else logits.float() / temperature).log_softmax(-1)
             chosen_t = lp.argmax(-1) if greedy else self._sample(lp, generators)
