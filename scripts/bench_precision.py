@@ -3,6 +3,7 @@
     python scripts/bench_precision.py                          # the default model
     python scripts/bench_precision.py --repeats 2 model=tiny
     python scripts/bench_precision.py --no-lora                # fp32 and bf16-mixed only
+    python scripts/bench_precision.py data.batch_size=8        # 8 prompts x 8 samples (issue 11's settings)
 
 First the matmul rate this machine reaches in float32 and in bfloat16 on a model-shaped product
 ([4800 x 576] . [576 x 1536], SmolLM2's MLP). Then one step's rollouts of `+experiment=multiplication`
@@ -10,13 +11,14 @@ are generated once (float32 engine) with random non-zero advantages, so that eve
 trained on; and each variant -- `trainer.precision=fp32`, `=bf16-mixed`, and each with LoRA
 (`model.lora.r=16`) -- runs in its own process (for its own peak memory) what one RL step runs:
 its engine (in the variant's dtype) generates the groups of the same prompts with the same seeds
-(after one warm-up call), its learner takes `--repeats` updates on exactly the saved batch (with the
-variant's defaults: TIS's extra forward under bf16-mixed), each update is synced into the engine,
-and the canary checks it. Printed per variant: a step (rollout + update + sync, means), its split,
-rollout tokens/s, the learner's time per token through the model, its throughput (6 x parameters
-x tokens per second, a floating-point estimate; LoRA skips the base weights' gradients, about a
-third of that, so its share reads high) as a share of the measured matmul rate of its dtype, the
-canary difference, and peak resident memory. Speed is measured here, never asserted in tests.
+(after one warm-up call), its learner takes `--warmup` untimed updates (a run's first two pay once
+for AdamW's state and for the heap growing to its peak: 1.5-3x a later one) and then `--repeats`
+timed ones on exactly the saved batch (with the variant's defaults: TIS under bf16-mixed), each
+update is synced into the engine, and the canary checks it. Printed per variant: a step (rollout +
+update + sync, means), its split, rollout tokens/s, the learner's time per token through the
+model, its throughput (6 x parameters x tokens per second, a floating-point estimate; LoRA skips
+the base weights' gradients, about a third of that, so its share reads high) as a share of the
+measured matmul rate of its dtype, the canary difference, and peak resident memory. Speed is measured here, never asserted in tests.
 """
 
 from __future__ import annotations
@@ -96,7 +98,7 @@ def generate(overrides: list[str], out: Path) -> None:
     torch.save({k: getattr(batch, k) for k in batch.__dataclass_fields__}, out)
 
 
-def child(precision_name: str, overrides: list[str], batch_file: Path, repeats: int) -> dict:
+def child(precision_name: str, overrides: list[str], batch_file: Path, repeats: int, warmup: int) -> dict:
     from rlvr.host import keep_freed_memory
     from rlvr.learner import Learner
     from rlvr.precision import resolve
@@ -118,8 +120,14 @@ def child(precision_name: str, overrides: list[str], batch_file: Path, repeats: 
                     precision.canary_tol)
     batch = Batch(**torch.load(batch_file))
     G = cfg.algorithm.group_size
+    warmup_s: list[float] = []
     try:
         engine.generate(prompts, ids, n=G, seed=0)  # warm-up
+        for _ in range(warmup):  # one-time costs: AdamW's state, the heap growing to its peak
+            t0 = time.perf_counter()
+            learner.step(batch)
+            warmup_s.append(time.perf_counter() - t0)
+            engine.load_weights(learner.named_weights(dtype))
         canary.check(engine, learner.sequence_logprobs)
         out = {k: [] for k in ("rollout_s", "tokens", "learn_s", "learn_tokens", "sync_s", "canary")}
         for r in range(repeats):
@@ -139,6 +147,7 @@ def child(precision_name: str, overrides: list[str], batch_file: Path, repeats: 
         engine.close()
     mean = {k: statistics.mean(v) for k, v in out.items()}
     mean["canary"] = max(out["canary"])
+    mean["warmup_s"] = warmup_s
     mean["params"] = sum(p.numel() for n, p in learner.model.named_parameters() if "lora_" not in n)
     mean["sequences"] = len(batch)
     mean["peak_rss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
@@ -148,6 +157,8 @@ def child(precision_name: str, overrides: list[str], batch_file: Path, repeats: 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=3, help="steps per variant (rollout, update, sync)")
+    parser.add_argument("--warmup", type=int, default=2,
+                        help="untimed updates first (their times are printed): one-time costs a run pays once")
     parser.add_argument("--no-lora", action="store_true", help="skip the LoRA variants")
     parser.add_argument("--child", nargs=2, metavar=("PRECISION", "BATCH"), help=argparse.SUPPRESS)
     parser.add_argument("--generate", metavar="BATCH", help=argparse.SUPPRESS)
@@ -158,7 +169,7 @@ def main() -> int:
         return 0
     if args.child:
         precision, batch_file = args.child
-        print(json.dumps(child(precision, args.overrides, Path(batch_file), args.repeats)))
+        print(json.dumps(child(precision, args.overrides, Path(batch_file), args.repeats, args.warmup)))
         return 0
 
     from rlvr.precision import cpu_bf16_flags
@@ -177,12 +188,13 @@ def main() -> int:
             if args.no_lora and extra:
                 continue
             out = subprocess.run([sys.executable, __file__, "--child", precision, str(batch_file),
-                                  "--repeats", str(args.repeats), *args.overrides, *extra], capture_output=True, text=True)
+                                  "--repeats", str(args.repeats), "--warmup", str(args.warmup), *args.overrides, *extra], capture_output=True, text=True)
             if out.returncode != 0:
                 print(out.stderr[-3000:], file=sys.stderr)
                 return 1
             r = results[label] = json.loads(out.stdout.strip().splitlines()[-1])
-            print(f"{label}: {r['rollout_s'] + r['learn_s'] + r['sync_s']:.1f} s a step", file=sys.stderr, flush=True)
+            print(f"{label}: {r['rollout_s'] + r['learn_s'] + r['sync_s']:.1f} s a step (warm-up updates: "
+                  f"{', '.join(f'{t:.1f}' for t in r['warmup_s']) or 'none'} s)", file=sys.stderr, flush=True)
     base = results["fp32"]
     base_step = base["rollout_s"] + base["learn_s"] + base["sync_s"]
     print(f"\nCPU: {cpu}; bf16 units: {', '.join(cpu_bf16_flags()) or 'none'}; {torch.get_num_threads()} threads; "
