@@ -11,9 +11,9 @@ samples, 48 new tokens) in its own process (its own peak memory), and its row, t
 after the first, is printed as soon as it ends; cases that would start after `--budget` seconds are
 skipped, so a run cut short still reports what it did. Columns: step time and its split, rollout
 tokens/s, learner tokens/s and the learner's model FLOP/s as a share of the bf16 (or fp32) matmul
-rate measured here on the same device (FLOPs per token: 6N with every weight training, 4N with LoRA,
-+2N for the TIS forward of bf16-mixed; N = parameters), weight sync time, the canary difference,
-and peak memory (CUDA: torch's peak allocation; CPU: the process's RSS).
+rate measured here on the same device (FLOPs per token: 6N with every weight training, 4N with LoRA;
+N = parameters; TIS takes its old logprobs from the update's own forward), weight sync time, the
+canary difference, and peak memory (CUDA: torch's peak allocation; CPU: the process's RSS).
 Not in the table: FSDP2 (it needs two GPUs) and vLLM (the machine this was made for has none; the
 train loop across processes needs it).
 """
@@ -94,7 +94,7 @@ HEADER = ("| model | params | precision | LoRA r | step s | rollout s | learn s 
 
 def row(r: dict, rates: dict[str, float]) -> str:
     tokens_per_s = r["learn/tokens"] / r["time/learn_s"]
-    flops = r["params"] * ((4 if r["lora"] else 6) + (2 if r["precision"] == "bf16-mixed" else 0))
+    flops = r["params"] * (4 if r["lora"] else 6)
     share = flops * tokens_per_s / (rates[r["precision"]] * 1e12)
     peak = r.get("memory/cuda_peak_gib", r["memory/rss_peak_gib"])
     return (f"| {r['model']} | {r['params'] / 1e9:.2f} B | {r['shown']} | {r['lora']} | {r['time/step_s']:.2f} | "
