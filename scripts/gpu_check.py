@@ -5,6 +5,8 @@ one Markdown table. Run it through `scripts/gpu_check.sh`.
 
     python scripts/gpu_check.py                     # on CUDA, every case (5 minutes on one H200)
     python scripts/gpu_check.py --device cpu --cases tiny-fp32 --steps 2   # a smoke test without a GPU
+    python scripts/gpu_check.py --cases 0.5b-fp32,0.5b-auto data.batch_size=64 trainer.micro_batch_size=64
+                                                    # rlvr train overrides, after the case's own
 
 Each case runs `--steps` steps of +experiment=multiplication with reward=digits (8 prompts x 8
 samples, 48 new tokens) in its own process (its own peak memory), and its row, the mean of the steps
@@ -54,7 +56,7 @@ def matmul_tflops(device: str, dtype: torch.dtype, seconds: float = 2.0) -> floa
     return 2 * size**3 * n / (time.perf_counter() - start) / 1e12
 
 
-def child(case: str, device: str, steps: int) -> dict:
+def child(case: str, device: str, steps: int, overrides: list[str]) -> dict:
     from hydra import compose, initialize_config_dir
 
     from rlvr import models
@@ -70,7 +72,8 @@ def child(case: str, device: str, steps: int) -> dict:
             # within a group, so every sequence goes through the learner
             "+experiment=multiplication", "reward=digits", f"model={model}", f"trainer.precision={precision}", f"model.lora.r={lora}",
             "rollout.backend=transformers", f"trainer.device={device}", "data.batch_size=8", "data.eval_size=8",
-            f"trainer.max_steps={steps}", "trainer.save_model=false", "trainer.log_samples=0", "trainer.eval_every=0"])
+            f"trainer.max_steps={steps}", "trainer.save_model=false", "trainer.log_samples=0", "trainer.eval_every=0",
+            *overrides])
     path = models.resolve(cfg.model, Path(cfg.cache_dir))
     config = json.loads((path / "config.json").read_text())
     with torch.device("meta"):
@@ -109,15 +112,17 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--budget", type=float, default=480, help="seconds; later cases are skipped")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("overrides", nargs="*", help="rlvr train overrides for every case, e.g. data.batch_size=64")
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(child(args.child, args.device, args.steps)))
+        print(json.dumps(child(args.child, args.device, args.steps, args.overrides)))
         return 0
     began = time.perf_counter()
     name = torch.cuda.get_device_name() if args.device == "cuda" else args.device
     rates = {"bf16-mixed": matmul_tflops(args.device, torch.bfloat16), "fp32": matmul_tflops(args.device, torch.float32)}
     print(f"{time.strftime('%Y-%m-%d')}, {name}, torch {torch.__version__}; matmul bf16 {rates['bf16-mixed']:.2f} "
-          f"TFLOP/s, fp32 {rates['fp32']:.2f} TFLOP/s; mean of steps 2-{args.steps}\n\n{HEADER}", flush=True)
+          f"TFLOP/s, fp32 {rates['fp32']:.2f} TFLOP/s; mean of steps 2-{args.steps}"
+          f"{'; overrides: ' + ' '.join(args.overrides) if args.overrides else ''}\n\n{HEADER}", flush=True)
     ok = True
     for case in args.cases.split(","):
         left = args.budget - (time.perf_counter() - began)
@@ -128,7 +133,8 @@ def main() -> int:
         start = time.perf_counter()
         try:
             out = subprocess.run([sys.executable, __file__, "--child", case, "--device", args.device,
-                                  "--steps", str(args.steps)], capture_output=True, text=True, timeout=left)
+                                  "--steps", str(args.steps), *args.overrides], capture_output=True, text=True,
+                                 timeout=left)
         except subprocess.TimeoutExpired:
             print(f"| {case} | stopped at the budget after {time.perf_counter() - start:.0f} s |||||||||||", flush=True)
             ok = False
