@@ -18,7 +18,8 @@ update is synced into the engine, and the canary checks it. Printed per variant:
 update + sync, means), its split, rollout tokens/s, the learner's time per token through the
 model, its throughput (6 x parameters x tokens per second, a floating-point estimate; LoRA skips
 the base weights' gradients, about a third of that, so its share reads high) as a share of the
-measured matmul rate of its dtype, the canary difference, and peak resident memory. Speed is measured here, never asserted in tests.
+measured matmul rate of its dtype, the canary difference, and peak resident memory. Speed is
+measured here, never asserted in tests.
 """
 
 from __future__ import annotations
@@ -187,8 +188,9 @@ def main() -> int:
         for label, (precision, extra) in VARIANTS.items():
             if args.no_lora and extra:
                 continue
-            out = subprocess.run([sys.executable, __file__, "--child", precision, str(batch_file),
-                                  "--repeats", str(args.repeats), "--warmup", str(args.warmup), *args.overrides, *extra], capture_output=True, text=True)
+            out = subprocess.run([sys.executable, __file__, "--child", precision, str(batch_file), "--repeats",
+                                  str(args.repeats), "--warmup", str(args.warmup), *args.overrides, *extra],
+                                 capture_output=True, text=True)
             if out.returncode != 0:
                 print(out.stderr[-3000:], file=sys.stderr)
                 return 1
