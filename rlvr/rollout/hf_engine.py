@@ -89,9 +89,8 @@ class TransformersEngine:
             ids[r, width - len(p):] = torch.tensor(p)
             mask[r, width - len(p):] = 1
         ids, mask = ids.to(self.device), mask.to(self.device)
-        with attention_kernels(self.device):  # the width changes with every call (learner.SDPA_BACKENDS)
-            out = self.model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
-                             use_cache=True, logits_to_keep=1)
+        out = self._forward(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
+                            use_cache=True, logits_to_keep=1)
         index = torch.tensor(row_prompt, device=self.device)
         past = out.past_key_values
         past.reorder_cache(index)  # [prompts, ...] -> [rows, ...]
@@ -108,9 +107,8 @@ class TransformersEngine:
                 ids = torch.tensor([[t if reasons[r] is None else self.pad_id] for r, t in enumerate(chosen)],
                                    device=self.device)
                 mask = torch.cat([mask, torch.ones((b, 1), dtype=mask.dtype, device=self.device)], dim=1)
-                with attention_kernels(self.device):
-                    out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
-                                     past_key_values=past, use_cache=True)
+                out = self._forward(input_ids=ids, attention_mask=mask, position_ids=positions,
+                                    past_key_values=past, use_cache=True)
                 past, logits, positions = out.past_key_values, out.logits[:, -1], positions + 1
             lp = (logits.float() if greedy else logits.float() / temperature).log_softmax(-1)
             chosen_t = lp.argmax(-1) if greedy else self._sample(lp, generators)
@@ -129,6 +127,12 @@ class TransformersEngine:
             if all(reasons):
                 break
         return [(t, lp, reason or "length") for t, lp, reason in zip(tokens, logprobs, reasons, strict=True)]
+
+    def _forward(self, **inputs):
+        """The model on `inputs`, with the attention kernels of `self.device`: the prompt width changes
+        with every call, which cuDNN's attention pays for on CUDA (learner.SDPA_BACKENDS)."""
+        with attention_kernels(self.device):
+            return self.model(**inputs)
 
     def _sample(self, logprobs: torch.Tensor, generators: list[torch.Generator]) -> torch.Tensor:
         """One token per row [b] from softmax rows `logprobs` [b, V], row r driven by `generators[r]`:
