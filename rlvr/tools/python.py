@@ -16,6 +16,7 @@ trainer in a container or VM with nothing of value mounted.
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import tempfile
@@ -25,7 +26,7 @@ from pathlib import Path
 _LAUNCHER = r"""
 import ctypes, resource, sys
 cpu, memory, fsize = (int(x) for x in sys.argv[1:4])
-resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu))
+resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))  # SIGXCPU at cpu s, SIGKILL a second later
 resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
 resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
 resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
@@ -49,8 +50,8 @@ def python(code: str, timeout_s: float = 5.0, memory_mb: int = 512, max_file_mb:
     Raises RuntimeError (the error message goes to the model) when it fails or runs out of time."""
     with tempfile.TemporaryDirectory(prefix="rlvr-python-") as scratch:
         Path(scratch, "main.py").write_text(code)
-        args = [sys.executable, "-I", "-c", _LAUNCHER, str(max(1, int(timeout_s))), str(memory_mb * 2**20),
-                str(max_file_mb * 2**20)]
+        cpu_s = max(1, int(timeout_s))
+        args = [sys.executable, "-I", "-c", _LAUNCHER, str(cpu_s), str(memory_mb * 2**20), str(max_file_mb * 2**20)]
         try:
             done = subprocess.run(args, cwd=scratch, env={}, stdin=subprocess.DEVNULL, capture_output=True,
                                   timeout=timeout_s, text=True, errors="replace")
@@ -58,6 +59,11 @@ def python(code: str, timeout_s: float = 5.0, memory_mb: int = 512, max_file_mb:
             raise RuntimeError(f"the code ran past {timeout_s:g} s and was killed") from None
     out = done.stdout + done.stderr
     if done.returncode != 0:
-        reason = f"killed by signal {-done.returncode}" if done.returncode < 0 else f"exit code {done.returncode}"
+        # A busy loop reaches the CPU limit about when the wall-clock limit falls: whichever comes first,
+        # the message says the code ran out of time (SIGXCPU is sent only at the CPU limit)
+        if done.returncode == -signal.SIGXCPU:
+            reason = f"the code ran past {cpu_s} s of CPU time and was killed"
+        else:
+            reason = f"killed by signal {-done.returncode}" if done.returncode < 0 else f"exit code {done.returncode}"
         raise RuntimeError(f"{reason}: {out[-2000:]}")
     return out
