@@ -4,8 +4,8 @@ padding.
 The G completions of a group share their prompt; the full-row path (`rlvr.learner.token_logprobs`)
 runs the prompt through the model G times, forward and backward, and pads every row to the longest.
 Here the micro-batch is packed: each group's prompt once, then its completions, laid end to end in
-rows ("lanes") of `PACK_TOKENS` tokens (or of the longest prompt + completion, if longer), and one
-forward runs them all. A 4-D attention mask lets a prompt token see the prompt before it, and a
+rows ("lanes") of at most `PACK_TOKENS` tokens (or of the longest prompt + completion, if longer),
+evened out to the narrowest width that needs no more lanes, and one forward runs them all. A 4-D attention mask lets a prompt token see the prompt before it, and a
 completion token its group's prompt and the tokens before it in its own completion, nothing else;
 every token gets its true position through `position_ids`. The prompt's last position scores the
 first token of each of its completions, so the gradient of G completions flows into the one prompt
@@ -52,10 +52,18 @@ def pack(groups: list[int], prompt_lens: list[int], lens: list[int], width: int)
 def lanes_of(attention_mask: torch.Tensor, prompt_lens: torch.Tensor, groups: torch.Tensor,
              pack_tokens: int = PACK_TOKENS) -> tuple[list[list[tuple[int, int]]], list[int], list[int]]:
     """(lanes as `pack` lays them, prompt lengths, completion lengths) of a micro-batch of right-padded
-    rows: lanes of `pack_tokens` tokens, or of the longest prompt + completion if longer."""
-    p, lens = prompt_lens.tolist(), (attention_mask.sum(dim=1) - prompt_lens).tolist()
-    width = max(pack_tokens, max(a + b for a, b in zip(p, lens, strict=True)))
-    return pack(groups.tolist(), p, lens, width), p, lens
+    rows: as many lanes as `pack_tokens` tokens each (or the longest prompt + completion, if longer) need,
+    each as narrow as that number allows."""
+    p, lens, groups = prompt_lens.tolist(), (attention_mask.sum(dim=1) - prompt_lens).tolist(), groups.tolist()
+    longest = max(a + b for a, b in zip(p, lens, strict=True))
+    count = len(pack(groups, p, lens, max(pack_tokens, longest)))
+    # The forward runs [lanes, width] with width its longest lane: even the lanes out, to the narrowest width
+    # that packs them into as many (a last lane a quarter full would otherwise be paid for in full).
+    lo, hi = longest, max(pack_tokens, longest)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if len(pack(groups, p, lens, mid)) <= count else (mid + 1, hi)
+    return pack(groups, p, lens, hi), p, lens
 
 
 def packed_tokens(attention_mask: torch.Tensor, prompt_lens: torch.Tensor, groups: torch.Tensor,

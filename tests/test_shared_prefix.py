@@ -11,7 +11,7 @@ import torch
 
 from rlvr.learner import Learner, make_batch, shared_prefix_choice, token_logprobs
 from rlvr.models import build_atomically
-from rlvr.shared_prefix import pack, packed_tokens, shared_prefix_logprobs
+from rlvr.shared_prefix import lanes_of, pack, packed_tokens, shared_prefix_logprobs
 from rlvr.types import Prompt, Rollout
 
 from .conftest import compose_config
@@ -114,6 +114,19 @@ def test_packed_tokens_count_a_prompt_once_per_lane_it_is_placed_in():
     assert packed_tokens(mask, prompts, groups, pack_tokens=512) == 3 + 4 + 4 + 2 + 3  # one lane
     # lanes of 8: group 7's second completion starts a new lane, where its prompt is placed again
     assert packed_tokens(mask, prompts, groups, pack_tokens=8) == (3 + 4) + (3 + 4) + (2 + 3)
+
+
+def test_lanes_are_evened_out():
+    # one group, a prompt of 3 and four completions of 4: lanes of 16 would hold 3 + 4 + 4 + 4 and then
+    # 3 + 4, a forward of [2, 15]; two lanes of 11 (3 + 4 + 4 each) hold it all, [2, 11]
+    mask = (torch.arange(7) < 7).long().expand(4, 7)
+    lanes, p, lens = lanes_of(mask, torch.full((4,), 3), torch.zeros(4, dtype=torch.long), pack_tokens=16)
+    assert [sum(lens[i] if kind else p[i] for i, kind in lane) for lane in lanes] == [11, 11]
+    # never more lanes than `pack_tokens` needs, nor narrower than the longest row
+    lanes, p, lens = lanes_of(mask, torch.full((4,), 3), torch.zeros(4, dtype=torch.long), pack_tokens=512)
+    assert len(lanes) == 1
+    lanes, p, lens = lanes_of(mask, torch.full((4,), 3), torch.zeros(4, dtype=torch.long), pack_tokens=1)
+    assert len(lanes) == 4
 
 
 @pytest.mark.parametrize("kernel", ["eager", "sdpa"])
