@@ -40,9 +40,10 @@ def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_ma
     the whole vocabulary at every prompt position would cost more than the rest of the model.
     """
     t = input_ids.shape[1]
+    keep = torch.arange(start, t - 1, device=input_ids.device)  # the last position predicts nothing
     logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False,
-                   logits_to_keep=t - start).logits  # [N, t - start, V]: positions start..t-1
-    logprobs = target_logprobs(logits[:, :-1], input_ids[:, start + 1 :], temperature)  # position s predicts s+1
+                   logits_to_keep=keep).logits  # [N, t - 1 - start, V]: positions start..t-2
+    logprobs = target_logprobs(logits, input_ids[:, start + 1 :], temperature)  # position s predicts s+1
     return torch.nn.functional.pad(logprobs, (start, 0))
 
 

@@ -31,7 +31,7 @@ def test_hand_computed_values_and_gradient():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_equals_the_plain_path_in_chunks_on_a_strided_view(monkeypatch, dtype):
-    monkeypatch.setattr(logprobs, "CHUNK_ELEMENTS", 2 * 7 * 50)  # 2 sequences a pass, 3 passes for 5
+    monkeypatch.setattr(logprobs, "CHUNK_ELEMENTS", 14 * 50)  # 14 tokens a pass, 3 passes for 35
     g = torch.Generator().manual_seed(0)
     full = (4 * torch.randn(5, 8, 50, generator=g)).to(dtype).requires_grad_()
     targets = torch.randint(0, 50, (5, 7), generator=g)
