@@ -19,35 +19,42 @@ CHUNK_ELEMENTS = 2**22  # float32 temporaries per pass: ~16 MB
 
 class _TargetLogprobs(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, logits: torch.Tensor, targets: torch.Tensor, temperature: float) -> torch.Tensor:
-        flat = logits.reshape(-1, logits.shape[-1])  # [tokens, V] (a copy if `logits` is not contiguous)
+    def forward(ctx, logits: torch.Tensor, positions: torch.Tensor, targets: torch.Tensor,
+                temperature: float) -> torch.Tensor:
+        flat = logits.reshape(-1, logits.shape[-1])  # [P, V] (a copy if `logits` is not contiguous)
         rows = max(1, CHUNK_ELEMENTS // flat.shape[1])
-        lse = torch.empty(len(flat), dtype=torch.float32, device=logits.device)
+        lse = torch.empty(len(flat), dtype=torch.float32, device=logits.device)  # [P]
         for i in range(0, len(flat), rows):
             lse[i : i + rows] = (flat[i : i + rows].float() / temperature).logsumexp(dim=-1)
-        lse = lse.view(targets.shape)  # [N, T]
-        picked = logits.gather(-1, targets[..., None]).squeeze(-1).float() / temperature  # [N, T]
-        ctx.save_for_backward(logits, targets, lse)
+        ctx.save_for_backward(logits, positions, targets, lse)
         ctx.temperature, ctx.rows = temperature, rows
-        return picked - lse
+        return flat[positions, targets].float() / temperature - lse[positions]  # [K]
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        logits, targets, lse = ctx.saved_tensors
+        logits, positions, targets, lse = ctx.saved_tensors
         t = ctx.temperature
         out = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
-        flat, out_flat = logits.reshape(-1, logits.shape[-1]), out.view(-1, logits.shape[-1])  # [tokens, V]
-        targets, lse = targets.reshape(-1, 1), lse.reshape(-1, 1)
-        g = (grad.float() / t).reshape(-1, 1)  # d logprob / d logit = (onehot - softmax) / temperature
+        flat, out_flat = logits.reshape(-1, logits.shape[-1]), out.view(-1, logits.shape[-1])  # [P, V]
+        # d logprob_k / d logits at its position = (onehot(target_k) - softmax) / temperature
+        g = grad.float() / t  # [K]
+        total = torch.zeros(len(flat), dtype=torch.float32, device=g.device).index_add_(0, positions, g)  # [P]
         for i in range(0, len(flat), ctx.rows):
             s = slice(i, i + ctx.rows)
-            part = (flat[s].float() / t).sub_(lse[s]).exp_().mul_(-g[s])  # -softmax * g
-            part.scatter_add_(-1, targets[s], g[s])
+            part = (flat[s].float() / t).sub_(lse[s, None]).exp_().mul_(-total[s, None])  # -softmax * g
+            here = (positions >= i) & (positions < i + ctx.rows)
+            part.index_put_((positions[here] - i, targets[here]), g[here], accumulate=True)
             out_flat[s] = part
-        return out, None, None
+        return out, None, None, None
 
 
-def target_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
-    """log softmax(logits / temperature) at `targets`: logits [N, T, V] (any float dtype), targets
-    [N, T] -> float32 [N, T], differentiable in `logits`."""
-    return _TargetLogprobs.apply(logits, targets, temperature)
+def target_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0,
+                    positions: torch.Tensor | None = None) -> torch.Tensor:
+    """log softmax(logits / temperature) at `targets`: logits [..., V] (any float dtype), targets of
+    the same shape less V -> float32 of that shape, differentiable in `logits`. With `positions` [K]
+    (indices into the positions of `logits`, flattened: [P, V]), targets [K] -> [K]: the logprob of
+    targets[k] at position positions[k]; a position may score several targets."""
+    if positions is None:
+        flat = torch.arange(targets.numel(), device=targets.device)
+        return _TargetLogprobs.apply(logits, flat, targets.reshape(-1), temperature).view(targets.shape)
+    return _TargetLogprobs.apply(logits, positions, targets, temperature)

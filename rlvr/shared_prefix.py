@@ -66,12 +66,14 @@ def lanes_of(attention_mask: torch.Tensor, prompt_lens: torch.Tensor, groups: to
     return pack(groups, p, lens, hi), p, lens
 
 
-def packed_tokens(attention_mask: torch.Tensor, prompt_lens: torch.Tensor, groups: torch.Tensor,
-                  pack_tokens: int = PACK_TOKENS) -> int:
-    """Tokens that `shared_prefix_logprobs` runs through the model for this micro-batch: each group's
-    prompt once per lane it is placed in, and every completion token."""
+def packed_shape(attention_mask: torch.Tensor, prompt_lens: torch.Tensor, groups: torch.Tensor,
+                 pack_tokens: int = PACK_TOKENS) -> tuple[int, int, int]:
+    """(lanes, width, tokens) of the forward `shared_prefix_logprobs` runs for this micro-batch: its
+    [lanes, width] shape, and the tokens in it: each group's prompt once per lane it is placed in, and
+    every completion token."""
     lanes, p, lens = lanes_of(attention_mask, prompt_lens, groups, pack_tokens)
-    return sum(lens[i] if kind else p[i] for parts in lanes for i, kind in parts)
+    widths = [sum(lens[i] if kind else p[i] for i, kind in parts) for parts in lanes]
+    return len(lanes), max(widths), sum(widths)
 
 
 def shared_prefix_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
@@ -129,11 +131,10 @@ def shared_prefix_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, atte
 
     # Completion token r is scored by the logits before it: its prompt's last for r = 0 (one prompt position
     # scores each of its G completions' first tokens), else the packed token before it.
-    firsts = target_logprobs(logits[s_lane, at[s_col]][:, None],
-                             input_ids[torch.arange(n, device=device), prompt_lens.clamp(max=t - 1)][:, None],
-                             temperature)  # [n, 1]
-    rest = target_logprobs(logits, ids.roll(-1, dims=1)[:, keep], temperature)  # [lanes, C]: the next token's
     completion = ctx[lane, col] >= 0  # [P]
     lane, col, row, pos = lane[completion], col[completion], row[completion], pos[completion]  # [L] completion tokens
-    logprobs = torch.where(pos == prompt_lens[row], firsts[row, 0], rest[lane, at[col - 1]])  # [L], float32
+    first = pos == prompt_lens[row]
+    by_lane, by_col = torch.where(first, s_lane[row], lane), torch.where(first, s_col[row], col - 1)
+    logprobs = target_logprobs(logits, input_ids[row, pos], temperature,
+                               positions=by_lane * len(keep) + at[by_col])  # [L], float32
     return torch.zeros(n, t, dtype=logprobs.dtype, device=device).index_put((row, pos - 1), logprobs)[:, :-1]

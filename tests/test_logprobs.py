@@ -49,3 +49,24 @@ def test_equals_the_plain_path_in_chunks_on_a_strided_view(monkeypatch, dtype):
     tol = {"rtol": 1e-5, "atol": 1e-6} if dtype == torch.float32 else {"rtol": 1e-2, "atol": 1e-3}
     torch.testing.assert_close(grads[0], grads[1], **tol)
     assert grads[0][:, -1].abs().sum() == 0  # no gradient into the position left out
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_positions_that_score_several_targets(monkeypatch, dtype):
+    """The packed learner's form: one prompt position scores the first token of each of its
+    completions. Against the plain path on each (position, target) pair, values and gradients, over
+    chunks that split the positions."""
+    monkeypatch.setattr(logprobs, "CHUNK_ELEMENTS", 5 * 50)  # 5 positions a pass, 3 passes for 12
+    g = torch.Generator().manual_seed(0)
+    full = (4 * torch.randn(3, 4, 50, generator=g)).to(dtype).requires_grad_()
+    positions = torch.tensor([0, 0, 5, 11, 5, 7, 0])
+    targets = torch.randint(0, 50, (7,), generator=g)
+    weights = torch.randn(7, generator=g)
+    fused = target_logprobs(full, targets, 0.7, positions=positions)
+    (fused * weights).sum().backward()
+    exact = full.detach().float().requires_grad_()  # the reference in float32, summed before any rounding
+    plain_out = plain(exact.reshape(12, 50)[positions], targets, 0.7)
+    (plain_out * weights).sum().backward()
+    torch.testing.assert_close(fused.detach(), plain_out.detach(), rtol=1e-6, atol=1e-5)
+    tol = {"rtol": 1e-5, "atol": 1e-6} if dtype == torch.float32 else {"rtol": 1e-2, "atol": 1e-3}
+    torch.testing.assert_close(full.grad.float(), exact.grad, **tol)
