@@ -171,7 +171,7 @@ class OptimConfig:
 @dataclass
 class TrainerConfig:
     max_steps: int = 10
-    micro_batch_size: int = 8
+    micro_batch_size: int = 64
     device: str = "auto"
     num_threads: int | None = None
     eval_every: int = 0

@@ -11,7 +11,7 @@ import torch
 
 from rlvr.learner import Learner, make_batch, shared_prefix_choice, token_logprobs
 from rlvr.models import build_atomically
-from rlvr.shared_prefix import lanes_of, pack, packed_tokens, shared_prefix_logprobs
+from rlvr.shared_prefix import lanes_of, pack, packed_shape, shared_prefix_logprobs
 from rlvr.types import Prompt, Rollout
 
 from .conftest import compose_config
@@ -105,15 +105,15 @@ def test_pack_lays_each_groups_prompt_then_its_completions_in_lanes():
     assert pack([0, 0, 1], [3, 3, 2], [2, 4, 3], 512) == [[(0, 0), (0, 1), (1, 1), (2, 0), (2, 1)]]
 
 
-def test_packed_tokens_count_a_prompt_once_per_lane_it_is_placed_in():
+def test_packed_shape_counts_a_prompt_once_per_lane_it_is_placed_in():
     # rows of prompt + completion tokens (right-padded to 9): group 7 with prompts of 3 and completions
     # of 4 and 4, group 9 with a prompt of 2 and a completion of 3
     lens = torch.tensor([[3, 4], [3, 4], [2, 3]])
     mask = (torch.arange(9) < lens.sum(dim=1, keepdim=True)).long()
     prompts, groups = lens[:, 0], torch.tensor([7, 7, 9])
-    assert packed_tokens(mask, prompts, groups, pack_tokens=512) == 3 + 4 + 4 + 2 + 3  # one lane
+    assert packed_shape(mask, prompts, groups, pack_tokens=512) == (1, 16, 3 + 4 + 4 + 2 + 3)  # one lane
     # lanes of 8: group 7's second completion starts a new lane, where its prompt is placed again
-    assert packed_tokens(mask, prompts, groups, pack_tokens=8) == (3 + 4) + (3 + 4) + (2 + 3)
+    assert packed_shape(mask, prompts, groups, pack_tokens=8) == (3, 7, (3 + 4) + (3 + 4) + (2 + 3))
 
 
 def test_lanes_are_evened_out():
