@@ -5,9 +5,10 @@ The G completions of a group share their prompt; the full-row path (`rlvr.learne
 runs the prompt through the model G times, forward and backward, and pads every row to the longest.
 Here the micro-batch is packed: each group's prompt once, then its completions, laid end to end in
 rows ("lanes") of at most `PACK_TOKENS` tokens (or of the longest prompt + completion, if longer),
-evened out to the narrowest width that needs no more lanes, and one forward runs them all. A 4-D attention mask lets a prompt token see the prompt before it, and a
-completion token its group's prompt and the tokens before it in its own completion, nothing else;
-every token gets its true position through `position_ids`. The prompt's last position scores the
+evened out to the narrowest width that needs no more lanes, and one forward runs them all. A 4-D
+attention mask lets a prompt token see the prompt before it, and a completion token its group's
+prompt and the tokens before it in its own completion, nothing else; every token gets its true
+position through `position_ids`. The prompt's last position scores the
 first token of each of its completions, so the gradient of G completions flows into the one prompt
 computation, exactly as G full rows would give it. A group whose completions do not fit in one lane
 continues in the next, its prompt placed again there. Completion lengths vary widely within a group
