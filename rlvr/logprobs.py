@@ -4,9 +4,10 @@
 vocabulary of 49k and a thousand tokens each of its steps (the cast, the division, the exponentials,
 and in the backward the zeros that `gather` scatters into and the softmax of `logsumexp`) is a pass
 over a [tokens, V] float32 tensor, ~200 MB, and autograd keeps two of them. Here one function does
-forward and backward ~85 tokens at a time in float32 (~16 MB of temporaries; chunks of a whole packed
-lane, 425 tokens, took 2.5x as long), keeps only the logits as they came (bf16 under autocast) and
-one logsumexp per token, and writes the gradient in the logits' dtype (what the plain path's cast
+forward and backward a few positions at a time in float32 (~16 MB of temporaries, 85 positions of a
+49k vocabulary; chunks of a whole packed lane, 425 positions, took 2.5x as long), keeps only the
+logits as they came (bf16 under autocast; a copy if they are not contiguous) and one logsumexp per
+position, and writes the gradient in the logits' dtype (what the plain path's cast
 back gives the LM head too). Tested equal to the plain path, values and gradients.
 """
 
@@ -39,11 +40,15 @@ class _TargetLogprobs(torch.autograd.Function):
         # d logprob_k / d logits at its position = (onehot(target_k) - softmax) / temperature
         g = grad.float() / t  # [K]
         total = torch.zeros(len(flat), dtype=torch.float32, device=g.device).index_add_(0, positions, g)  # [P]
-        for i in range(0, len(flat), ctx.rows):
-            s = slice(i, i + ctx.rows)
+        # the pairs by position (stable: a position's own in their order), and where each chunk's begin
+        order = positions.argsort(stable=True)
+        positions, targets, g = positions[order], targets[order], g[order]
+        starts = range(0, len(flat), ctx.rows)
+        bounds = torch.searchsorted(positions, torch.tensor([*starts, len(flat)], device=g.device)).tolist()
+        for k, i in enumerate(starts):
+            s, pairs = slice(i, i + ctx.rows), slice(bounds[k], bounds[k + 1])
             part = (flat[s].float() / t).sub_(lse[s, None]).exp_().mul_(-total[s, None])  # -softmax * g
-            here = (positions >= i) & (positions < i + ctx.rows)
-            part.index_put_((positions[here] - i, targets[here]), g[here], accumulate=True)
+            part.index_put_((positions[pairs] - i, targets[pairs]), g[pairs], accumulate=True)
             out_flat[s] = part
         return out, None, None, None
 
@@ -55,6 +60,8 @@ def target_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: fl
     (indices into the positions of `logits`, flattened: [P, V]), targets [K] -> [K]: the logprob of
     targets[k] at position positions[k]; a position may score several targets."""
     if positions is None:
+        if logits.shape[:-1] != targets.shape:
+            raise ValueError(f"logits {tuple(logits.shape)} and targets {tuple(targets.shape)} do not match")
         flat = torch.arange(targets.numel(), device=targets.device)
         return _TargetLogprobs.apply(logits, flat, targets.reshape(-1), temperature).view(targets.shape)
     return _TargetLogprobs.apply(logits, positions, targets, temperature)

@@ -156,8 +156,8 @@ def test_tis_from_the_update_s_own_forward_equals_a_forward_of_its_own(cache_dir
 def test_eager_attention_only_for_short_cpu_forwards():
     from rlvr.learner import EAGER_MAX_ELEMENTS, attention_kernel
 
-    assert attention_kernel("cpu", 1, 300, 9) == "eager"  # a group of make train in one lane: 0.8M attention weights
-    assert attention_kernel("cpu", 5, 464, 9) == "sdpa"  # 64 sequences in 5 lanes: 9.7M
+    assert attention_kernel("cpu", 1, 300, 9) == "eager"  # a group of 8 packed in one lane: 0.8M attention weights
+    assert attention_kernel("cpu", 5, 464, 9) == "sdpa"  # 64 sequences of multiplication in 5 lanes: 9.7M
     assert attention_kernel("cpu", 8, 2048, 9) == "sdpa"  # 302M: SDPA, whose memory grows with the width alone
     assert attention_kernel("cpu", 1, int(EAGER_MAX_ELEMENTS**0.5) + 1, 1) == "sdpa"
     assert attention_kernel("cuda:0", 1, 16, 9) == "sdpa"

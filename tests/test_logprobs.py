@@ -59,9 +59,10 @@ def test_positions_that_score_several_targets(monkeypatch, dtype):
     monkeypatch.setattr(logprobs, "CHUNK_ELEMENTS", 5 * 50)  # 5 positions a pass, 3 passes for 12
     g = torch.Generator().manual_seed(0)
     full = (4 * torch.randn(3, 4, 50, generator=g)).to(dtype).requires_grad_()
-    positions = torch.tensor([0, 0, 5, 11, 5, 7, 0])
-    targets = torch.randint(0, 50, (7,), generator=g)
-    weights = torch.randn(7, generator=g)
+    positions = torch.tensor([0, 0, 5, 11, 5, 7, 0, 5])
+    targets = torch.randint(0, 50, (8,), generator=g)
+    targets[7] = targets[2]  # one (position, target) pair twice: two completions that start alike
+    weights = torch.randn(8, generator=g)
     fused = target_logprobs(full, targets, 0.7, positions=positions)
     (fused * weights).sum().backward()
     exact = full.detach().float().requires_grad_()  # the reference in float32, summed before any rounding
@@ -70,3 +71,8 @@ def test_positions_that_score_several_targets(monkeypatch, dtype):
     torch.testing.assert_close(fused.detach(), plain_out.detach(), rtol=1e-6, atol=1e-5)
     tol = {"rtol": 1e-5, "atol": 1e-6} if dtype == torch.float32 else {"rtol": 1e-2, "atol": 1e-3}
     torch.testing.assert_close(full.grad.float(), exact.grad, **tol)
+
+
+def test_logits_and_targets_that_do_not_match_are_refused():
+    with pytest.raises(ValueError, match=r"logits \(2, 5, 50\) and targets \(2, 4\) do not match"):
+        target_logprobs(torch.zeros(2, 5, 50), torch.zeros(2, 4, dtype=torch.long))

@@ -130,8 +130,8 @@ def test_lanes_are_evened_out():
 
 
 @pytest.mark.parametrize("kernel", ["eager", "sdpa"])
-@pytest.mark.parametrize(("pack_tokens", "longest"), [(1, 12), (13, 12), (512, 12), (1, 1)],
-                         ids=["a lane per row", "a few rows a lane", "one lane", "one-token lanes"])
+@pytest.mark.parametrize(("pack_tokens", "longest"), [(1, 12), (13, 12), (100, 12), (512, 12), (1, 1)],
+                         ids=["a lane per row", "a few rows a lane", "lanes evened out", "one lane", "one-token lanes"])  # 100: [97, 32] -> [56, 65]
 def test_packed_completions_give_the_full_rows_logprobs_and_gradients(cache_dir, tiny_path, pack_tokens, longest,
                                                                       kernel):
     """Directly against `token_logprobs` on full rows: the logprobs of every completion token and the
