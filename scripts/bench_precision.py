@@ -10,10 +10,10 @@ First the matmul rate this machine reaches in float32 and in bfloat16 on a model
 are generated once (float32 engine) with random non-zero advantages, so that every sequence is
 trained on; and each variant -- `trainer.precision=fp32`, `=bf16-mixed`, and each with LoRA
 (`model.lora.r=16`) -- runs in its own process (for its own peak memory) what one RL step runs:
-its engine (in the variant's dtype) generates the groups of the same prompts with the same seeds
-(after one warm-up call), its learner takes `--warmup` untimed updates (a run's first two pay once
-for AdamW's state and for the heap growing to its peak: 1.5-3x a later one) and then `--repeats`
-timed ones on exactly the saved batch (with the variant's defaults: TIS under bf16-mixed), each
+its engine (in the variant's dtype) samples from the same prompts with the same seeds as many tokens
+as the saved batch's completions have, each sequence its own count, eos ignored (one warm-up call
+first), its learner takes `--warmup` untimed updates (a run's first two pay once for AdamW's state
+and for the heap growing to its peak: 1.5-3x a later one) and then `--repeats` timed ones on exactly the saved batch (with the variant's defaults: TIS under bf16-mixed), each
 update is synced into the engine, and the canary checks it. Printed per variant: a step (rollout +
 update + sync, means), its split, rollout tokens/s, the learner's time per token through the
 model, its throughput (6 x parameters x tokens per second, a floating-point estimate; LoRA skips
