@@ -111,6 +111,13 @@ class VllmEngine:
             # offset") when requests are seeded, as ours are: prefill every prompt in one piece.
             kwargs["enable_chunked_prefill"] = False
             kwargs["max_num_batched_tokens"] = max(cfg.max_model_len, 8192)
+            # KV blocks of 32 tokens (the smallest CPU attention takes) instead of vLLM's 128 on CPU: the
+            # prefix cache shares only full blocks, also among the G samples of a prompt prefilled in one
+            # step, so a group pays once for all but the last <32 tokens of its prompt instead of G times
+            # for prompts under 128 tokens. SmolLM2, 8 prompts of 40 tokens x 8 samples of up to 48: the
+            # prefill 0.5-0.7 s instead of 2.3 s in float32 (0.2 against 0.7-0.8 in bf16), a rollout 5.1-5.4
+            # s instead of 7.2 (2.6-2.7 against 3.3-3.4); 16 sequences of 300 + 300 tokens: the same.
+            kwargs["block_size"] = 32
         else:
             kwargs["gpu_memory_utilization"] = cfg.gpu_memory_utilization
         if distributed.world_size() > 1:
