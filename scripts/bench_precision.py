@@ -6,20 +6,21 @@
     python scripts/bench_precision.py data.batch_size=8        # 8 prompts x 8 samples (issue 11's settings)
 
 First the matmul rate this machine reaches in float32 and in bfloat16 on a model-shaped product
-([4800 x 576] . [576 x 1536], SmolLM2's MLP). Then one step's rollouts of `+experiment=multiplication`
-are generated once (float32 engine) with random non-zero advantages, so that every sequence is
-trained on; and each variant -- `trainer.precision=fp32`, `=bf16-mixed`, and each with LoRA
-(`model.lora.r=16`) -- runs in its own process (for its own peak memory) what one RL step runs:
-its engine (in the variant's dtype) samples from the same prompts with the same seeds as many tokens
-as the saved batch's completions have, each sequence its own count, eos ignored (one warm-up call
-first), its learner takes `--warmup` untimed updates (a run's first two pay once for AdamW's state
-and for the heap growing to its peak: 1.5-3x a later one) and then `--repeats` timed ones on exactly the saved batch (with the variant's defaults: TIS under bf16-mixed), each
-update is synced into the engine, and the canary checks it. Printed per variant: a step (rollout +
-update + sync, means), its split, rollout tokens/s, the learner's time per token through the
-model, its throughput (6 x parameters x tokens per second, a floating-point estimate; LoRA skips
-the base weights' gradients, about a third of that, so its share reads high) as a share of the
-measured matmul rate of its dtype, the canary difference, and peak resident memory. Speed is
-measured here, never asserted in tests.
+([4800 x 576] . [576 x 1536], SmolLM2's MLP). Then one step's rollouts of
+`+experiment=multiplication` are generated once (float32 engine) with random non-zero advantages, so
+that every sequence is trained on; and each variant -- `trainer.precision=fp32`, `=bf16-mixed`, and
+each with LoRA (`model.lora.r=16`) -- runs in its own process (for its own peak memory) what one RL
+step runs: its engine (in the variant's dtype) samples from the same prompts with the same seeds as
+many tokens as the saved batch's completions have, each sequence its own count, eos ignored (one
+warm-up call first), its learner takes `--warmup` untimed updates (a run's first two pay once for
+AdamW's state and for the heap growing to its peak: 1.5-3x a later one) and then `--repeats` timed
+ones on exactly the saved batch (with the variant's defaults: TIS under bf16-mixed), each update is
+synced into the engine, and the canary checks it. Printed per variant: a step (rollout + update +
+sync, means), its split, rollout tokens/s, the learner's time per token through the model, its
+throughput (6 x parameters x tokens per second, a floating-point estimate; LoRA skips the base
+weights' gradients, about a third of that, so its share reads high) as a share of the measured
+matmul rate of its dtype, the canary difference, and peak resident memory. Speed is measured here,
+never asserted in tests.
 """
 
 from __future__ import annotations
@@ -108,7 +109,8 @@ def fixed_rollout(engine, batch, rollout, seed: int) -> int:
     from vllm import SamplingParams
 
     lens = (batch.attention_mask.sum(dim=1) - batch.prompt_lens).tolist()
-    requests = [{"prompt_token_ids": row[:p].tolist()} for row, p in zip(batch.input_ids, batch.prompt_lens.tolist(), strict=True)]
+    prompts = zip(batch.input_ids, batch.prompt_lens.tolist(), strict=True)
+    requests = [{"prompt_token_ids": row[:p].tolist()} for row, p in prompts]
     params = [SamplingParams(temperature=rollout.temperature, top_p=rollout.top_p, max_tokens=n, ignore_eos=True,
                              logprobs=0, seed=seed + i) for i, n in enumerate(lens)]
     outputs = engine.llm.generate(requests, params, use_tqdm=False)
@@ -216,7 +218,7 @@ def main() -> int:
     base_step = base["rollout_s"] + base["learn_s"] + base["sync_s"]
     print(f"\nCPU: {cpu}; bf16 units: {', '.join(cpu_bf16_flags()) or 'none'}; {torch.get_num_threads()} threads; "
           f"matmul fp32 {rates['fp32']:.0f} GFLOP/s, bf16 {rates['bf16-mixed']:.0f} GFLOP/s; every variant: the same "
-          f"{base['sequences']} sequences to learn on and the same prompts to sample, mean of {args.repeats} steps")
+          f"{base['sequences']} sequences to learn on and as many tokens to sample, mean of {args.repeats} steps")
     print("| variant | step s (× fp32) | rollout s | update s | sync s | rollout tok/s | learner tokens | learner ms/token "
           "| learner GFLOP/s (share of matmul) | canary diff | peak RSS GiB |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
