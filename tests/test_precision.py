@@ -77,3 +77,5 @@ def test_a_bf16_mixed_run_trains_with_a_bf16_engine(tmp_path, cache_dir, tiny_pa
     # the bf16 engine samples what the learner scores: mismatch above float32 noise, within the bf16 canary
     assert all(1e-4 < s["sync/logprob_max_diff"] for s in steps)
     assert "precision: learner bf16-mixed, engine bfloat16" in (run_dir / "train.log").read_text()
+    # the float32 checkpoint cast to the bf16 engine's dtype is what was asked for: no line per weight
+    assert "Attempted to load weight" not in result.stdout + result.stderr

@@ -77,9 +77,12 @@ def _vllm_environment(cache_dir: Path) -> Iterator[None]:
 class _DropHarmlessWarnings(logging.Filter):
     """Warnings vLLM repeats that say nothing to an rlvr user: on every weight reload, that
     RotaryEmbedding loaded no weights (it has none); on CPU, that its own later
-    torch.set_num_threads calls are skipped after it pinned its threads."""
+    torch.set_num_threads calls are skipped after it pinned its threads; at a bfloat16 engine's
+    start, one line per weight of the float32 checkpoint (~120 for SmolLM2) that it was cast to
+    the bfloat16 asked for."""
 
-    HARMLESS = ("RotaryEmbedding: Failed to load weights", "doesn't allow to use `torch.set_num_threads`")
+    HARMLESS = ("RotaryEmbedding: Failed to load weights", "doesn't allow to use `torch.set_num_threads`",
+                "with dtype torch.float32 into parameter with dtype torch.bfloat16")
 
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
@@ -99,7 +102,8 @@ class VllmEngine:
     def _start(self, model_path: Path, cfg: DictConfig, dtype: str, seed: int, device: str) -> None:
         from vllm import LLM  # imported late: importing vllm is slow and reads the environment
 
-        for name in ("vllm.model_executor.model_loader.reload.layerwise", "vllm.v1.worker.cpu_worker"):
+        for name in ("vllm.model_executor.model_loader.reload.layerwise", "vllm.v1.worker.cpu_worker",
+                     "vllm.model_executor.models.utils"):
             logging.getLogger(name).addFilter(_HARMLESS)
         self.cfg = cfg
         kwargs = {}
