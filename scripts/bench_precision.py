@@ -128,7 +128,7 @@ def child(precision_name: str, overrides: list[str], batch_file: Path, repeats: 
     keep_freed_memory()  # as `rlvr train` does
     cfg = config([f"trainer.precision={precision_name}", *overrides])
     precision = resolve(cfg.trainer.precision, cfg.rollout.dtype, cfg.rollout.canary_tol, "cpu")
-    path, tok, prompts, ids = setup(cfg)
+    path, tok, _, ids = setup(cfg)  # the prompts to sample come from the saved batch (fixed_rollout)
     lora = cfg.model.lora if cfg.model.lora.r > 0 else None
     learner = Learner(path, cfg.optim, cfg.algorithm, cfg.trainer, cfg.rollout.temperature, cfg.rollout.max_tokens,
                       "cpu", precision, lora=lora)
