@@ -185,6 +185,7 @@ class TrainerConfig:
     max_bad_steps: int = 3
     shared_prefix: Any = "auto"
     precision: str = "fp32"
+    compile: Any = "auto"
     nproc_per_node: int = 1
     nnodes: int = 1
     node_rank: int = 0
@@ -317,6 +318,8 @@ def check(cfg: DictConfig, training: bool = True) -> None:
          f"{cfg.trainer.precision!r} is refused: CPUs have no fast fp16 matmul and fp16 training needs loss scaling, "
          "which rlvr does not do; use bf16-mixed (or auto)")
     need(cfg.trainer.precision in PRECISIONS, "trainer.precision", f"must be one of {PRECISIONS}")
+    need(cfg.trainer.compile in ("auto", True, False), "trainer.compile",
+         f"must be auto, true or false, got {cfg.trainer.compile!r}")
     need(r.dtype in ENGINE_DTYPES, "rollout.dtype", f"must be one of {ENGINE_DTYPES}, got {r.dtype!r}")
     need(r.canary_tol is None or r.canary_tol > 0, "rollout.canary_tol", "must be > 0 (or null: per precision)")
     if training:

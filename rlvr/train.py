@@ -252,7 +252,8 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, float]:
     distributed.on_rank0(start_run_dir)  # every rank stops alike if the run dir is refused
     logger = Logger(run_dir, cfg, cfg.trainer.max_steps) if rank0 else NullLogger()
     logger.write_manifest({**manifest(cfg, model_path, device), "resumed_from": str(resume) if resume else None,
-                           "shared_prefix": learner.shared_prefix, "world_size": distributed.world_size(),
+                           "shared_prefix": learner.shared_prefix, "compiled": learner.compiled,
+                           "world_size": distributed.world_size(),
                            "precision": {"learner": precision.learner, "engine_dtype": precision.engine_dtype,
                                          "canary_tol": precision.canary_tol, "why": precision.why}})
     start = checkpoint.load_state(resume, learner, task, rewards) if resume else 0

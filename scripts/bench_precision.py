@@ -2,18 +2,19 @@
 
     python scripts/bench_precision.py                          # the default model
     python scripts/bench_precision.py --repeats 2 model=tiny
-    python scripts/bench_precision.py --no-lora                # fp32 and bf16-mixed only
+    python scripts/bench_precision.py --no-lora                # fp32 and bf16-mixed (compiled or not) only
     python scripts/bench_precision.py data.batch_size=8        # 8 prompts x 8 samples (issue 11's settings)
 
 First the matmul rate this machine reaches in float32 and in bfloat16 on a model-shaped product
 ([4800 x 576] . [576 x 1536], SmolLM2's MLP). Then one step's rollouts of
 `+experiment=multiplication` are generated once (float32 engine) with random non-zero advantages, so
-that every sequence is trained on; and each variant -- `trainer.precision=fp32`, `=bf16-mixed`, and
-each with LoRA (`model.lora.r=16`) -- runs in its own process (for its own peak memory) what one RL
+that every sequence is trained on; and each variant -- `trainer.precision=fp32`, `=bf16-mixed` (its
+decoder layers compiled, as `trainer.compile=auto` does there, and not), and each with LoRA
+(`model.lora.r=16`) -- runs in its own process (for its own peak memory) what one RL
 step runs: its engine (in the variant's dtype) samples from the same prompts with the same seeds as
 many tokens as the saved batch's completions have, each sequence its own count, eos ignored (one
 warm-up call first), its learner takes `--warmup` untimed updates (a run's first two pay once for
-AdamW's state and for the heap growing to its peak: 1.5-3x a later one) and then `--repeats` timed
+AdamW's state, for the heap growing to its peak and for compiling: 1.5-4x a later one) and then `--repeats` timed
 ones on exactly the saved batch (with the variant's defaults: TIS under bf16-mixed), each update is
 synced into the engine, and the canary checks it. Printed per variant: a step (rollout + update +
 sync, means), its split, rollout tokens/s, the learner's time per token through the model, its
@@ -57,6 +58,7 @@ def matmul_gflops(dtype: torch.dtype, seconds: float = 2.0) -> float:
 VARIANTS = {
     "fp32": ("fp32", []),
     "bf16-mixed": ("bf16-mixed", []),
+    "bf16-mixed, not compiled": ("bf16-mixed", ["trainer.compile=false"]),  # the lever of trainer.compile
     "fp32 + LoRA r16": ("fp32", ["model.lora.r=16"]),
     "bf16-mixed + LoRA r16": ("bf16-mixed", ["model.lora.r=16"]),
 }
@@ -203,7 +205,7 @@ def main() -> int:
         subprocess.run([sys.executable, __file__, "--generate", str(batch_file), *args.overrides], check=True,
                        capture_output=True)
         for label, (precision, extra) in VARIANTS.items():
-            if args.no_lora and extra:
+            if args.no_lora and "model.lora.r=16" in extra:
                 continue
             out = subprocess.run([sys.executable, __file__, "--child", precision, str(batch_file), "--repeats",
                                   str(args.repeats), "--warmup", str(args.warmup), *args.overrides, *extra],

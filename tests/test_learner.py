@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import random
+import shutil
 
 import pytest
 import torch
 
-from rlvr.learner import Learner, make_batch
+from rlvr import learner as learner_module
+from rlvr.learner import Learner, compile_choice, decoder_layers, make_batch
 from rlvr.types import Prompt, Rollout
 
 from .conftest import compose_config
@@ -161,3 +163,50 @@ def test_eager_attention_only_for_short_cpu_forwards():
     assert attention_kernel("cpu", 8, 2048, 9) == "sdpa"  # 302M: SDPA, whose memory grows with the width alone
     assert attention_kernel("cpu", 1, int(EAGER_MAX_ELEMENTS**0.5) + 1, 1) == "sdpa"
     assert attention_kernel("cuda:0", 1, 16, 9) == "sdpa"
+
+
+@pytest.mark.parametrize("extra", [[], ["model.lora.r=4"]])
+@pytest.mark.parametrize("kernel", ["eager", "sdpa"])
+def test_compiled_decoder_layers_compute_what_eager_ones_do(cache_dir, tiny_path, monkeypatch, kernel, extra):
+    """In float32 (where compiling changes no rounding that matters) compiled layers give eager's logprobs
+    and gradients, with each attention kernel and with LoRA; after the weights change in place (an
+    update, a resume), the no-grad forward compiled before it (the canary's) reads the new weights."""
+    torch._dynamo.reset()  # compile afresh here, whatever other tests compiled in this process
+    if kernel == "sdpa":
+        monkeypatch.setattr(learner_module, "EAGER_MAX_ELEMENTS", 0)
+    eager, compiled = (_learner(cache_dir, tiny_path, f"trainer.compile={c}", *extra) for c in ("false", "true"))
+    if extra:  # LoRA's B starts at 0, which would leave A without a gradient
+        with torch.no_grad():
+            for name, p in eager.model.named_parameters():
+                if "lora_B" in name:
+                    p.normal_(std=0.1)
+        compiled.model.load_state_dict(eager.model.state_dict())
+    layers = decoder_layers(compiled.model)
+    assert compiled.compiled and not eager.compiled and len(layers) == compiled.model.config.num_hidden_layers
+    assert all(layer._compiled_call_impl is not None for layer in layers)
+    seq = [5, 17, 300, 42, 8, 99, 123, 7]
+    before = eager.sequence_logprobs(seq)
+    assert torch.allclose(compiled.sequence_logprobs(seq), before, atol=1e-5)
+    batch = _batch()
+    a, b = eager.step(batch), compiled.step(batch)
+    assert a["loss"] == pytest.approx(b["loss"], abs=1e-6)
+    assert a["grad_norm"] > 0 and a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4)
+    grads = dict(compiled.model.named_parameters())
+    for k, p in eager.model.named_parameters():
+        if p.grad is not None:
+            assert torch.allclose(p.grad, grads[k].grad, atol=1e-7, rtol=1e-4), k
+    # Adam's first step is sign-like (float noise in a near-zero gradient flips it): copy the weights over.
+    compiled.model.load_state_dict(eager.model.state_dict())
+    after = eager.sequence_logprobs(seq)
+    assert (after - before).abs().max() > 1e-2  # the update moved the policy
+    assert torch.allclose(compiled.sequence_logprobs(seq), after, atol=1e-5)
+    assert torch.allclose(compiled.batch_logprobs(batch), eager.batch_logprobs(batch), atol=1e-5)
+
+
+@pytest.mark.parametrize(("setting", "bf16", "device", "expected"), [
+    ("auto", True, "cpu", shutil.which("g++") is not None), ("auto", False, "cpu", False),
+    ("auto", True, "cuda", False), (True, False, "cpu", True), (False, True, "cpu", False),
+])
+def test_compile_auto_only_where_it_was_measured_to_help(setting, bf16, device, expected):
+    on, why = compile_choice(setting, bf16, device)
+    assert on is expected and why
