@@ -146,6 +146,23 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     return [m for m in model.modules() if type(m).__name__ in kinds]
 
 
+def compile_layers(model: torch.nn.Module) -> None:
+    """torch.compile each decoder layer of `model` in place (the weights keep their names, for checkpoints
+    and syncs), with dynamic shapes: one graph serves every width and every layer."""
+    if distributed.world_size() > 1:
+        raise ModelError("trainer.compile=true is not supported across processes yet: use one process, "
+                         "or trainer.compile=auto")
+    if shutil.which("g++") is None:
+        raise ModelError("trainer.compile=true needs a C++ compiler (g++) for torch.compile's CPU code, and "
+                         "there is none on PATH: install g++, or use trainer.compile=auto or false")
+    layers = decoder_layers(model)
+    if not layers:
+        raise ModelError(f"trainer.compile=true: {type(model).__name__} names no decoder layers "
+                         "(_no_split_modules) to compile; use trainer.compile=false")
+    for layer in layers:
+        layer.compile(dynamic=True)
+
+
 def load_policy(model_path: Path):
     """The causal LM in `model_path` with float32 weights, and its tokenizer (which must have a chat template)."""
     try:
@@ -208,15 +225,7 @@ class Learner:
         self.bf16 = precision is not None and precision.bf16
         self.compiled, compile_why = compile_choice(trainer.compile, self.bf16, device)
         if self.compiled:
-            if distributed.world_size() > 1:
-                raise ModelError("trainer.compile=true is not supported across processes yet: use one process, "
-                                 "or trainer.compile=auto")
-            layers = decoder_layers(self.model)
-            if not layers:
-                raise ModelError(f"trainer.compile=true: {type(self.model).__name__} names no decoder layers "
-                                 "(_no_split_modules) to compile; use trainer.compile=false")
-            for layer in layers:  # in place: the weights keep their names (checkpoints, syncs)
-                layer.compile(dynamic=True)  # one graph for every width and every layer
+            compile_layers(self.model)
         # The sampler/learner mismatch is larger in bf16: there the old policy defaults to the learner's
         # own logprobs, with TIS weights capped at 2, unless algorithm.tis_cap says otherwise.
         self.tis_cap = algorithm.tis_cap if algorithm.tis_cap is not None or not self.bf16 else 2.0

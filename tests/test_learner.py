@@ -10,6 +10,7 @@ import torch
 
 from rlvr import learner as learner_module
 from rlvr.learner import Learner, compile_choice, decoder_layers, make_batch
+from rlvr.models import ModelError
 from rlvr.types import Prompt, Rollout
 
 from .conftest import compose_config
@@ -165,6 +166,7 @@ def test_eager_attention_only_for_short_cpu_forwards():
     assert attention_kernel("cuda:0", 1, 16, 9) == "sdpa"
 
 
+@pytest.mark.skipif(shutil.which("g++") is None, reason="torch.compile's CPU code needs g++")
 @pytest.mark.parametrize("extra", [[], ["model.lora.r=4"]])
 @pytest.mark.parametrize("kernel", ["eager", "sdpa"])
 def test_compiled_decoder_layers_compute_what_eager_ones_do(cache_dir, tiny_path, monkeypatch, kernel, extra):
@@ -210,3 +212,10 @@ def test_compiled_decoder_layers_compute_what_eager_ones_do(cache_dir, tiny_path
 def test_compile_auto_only_where_it_was_measured_to_help(setting, bf16, device, expected):
     on, why = compile_choice(setting, bf16, device)
     assert on is expected and why
+
+
+def test_compile_without_a_cxx_compiler_is_refused_or_skipped(cache_dir, tiny_path, monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))  # a PATH with no g++ on it
+    with pytest.raises(ModelError, match=r"trainer.compile=true needs a C\+\+ compiler \(g\+\+\)"):
+        _learner(cache_dir, tiny_path, "trainer.compile=true")
+    assert compile_choice("auto", True, "cpu") == (False, "no C++ compiler (g++) for torch.compile's CPU code")
