@@ -124,7 +124,8 @@ def compile_choice(setting: str | bool, bf16: bool, device: str) -> tuple[bool, 
     compiled against 3.6 s eager: autocast's casts, the norms and the activation fuse into few passes,
     where eager runs each as a pass over the activations of its own. In fp32 the matrix products dominate
     and it gained nothing (7.1 s either way). The first step pays for compiling: ~15 s, ~5 s with
-    torch's compile cache (/tmp/torchinductor_<user>) warm. Not measured on GPUs nor across processes."""
+    torch's compile cache (/tmp/torchinductor_<user>) warm; once more the first time a run takes the other
+    attention kernel (`attention_kernel`). Not measured on GPUs nor across processes."""
     if setting is True or setting is False:
         return setting, "as configured"
     if not bf16:
