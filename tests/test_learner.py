@@ -8,8 +8,9 @@ import shutil
 import pytest
 import torch
 
-from rlvr import learner as learner_module
-from rlvr.learner import Learner, compile_choice, decoder_layers, make_batch
+from rlvr import kernels
+from rlvr.kernels import compile_choice, decoder_layers
+from rlvr.learner import Learner, make_batch
 from rlvr.models import ModelError
 from rlvr.types import Prompt, Rollout
 
@@ -157,7 +158,7 @@ def test_tis_from_the_update_s_own_forward_equals_a_forward_of_its_own(cache_dir
 
 
 def test_eager_attention_only_for_short_cpu_forwards():
-    from rlvr.learner import EAGER_MAX_ELEMENTS, attention_kernel
+    from rlvr.kernels import EAGER_MAX_ELEMENTS, attention_kernel
 
     assert attention_kernel("cpu", 1, 300, 9) == "eager"  # a group of 8 packed in one lane: 0.8M attention weights
     assert attention_kernel("cpu", 5, 464, 9) == "sdpa"  # 64 sequences of multiplication in 5 lanes: 9.7M
@@ -175,7 +176,7 @@ def test_compiled_decoder_layers_compute_what_eager_ones_do(cache_dir, tiny_path
     update, a resume), the no-grad forward compiled before it (the canary's) reads the new weights."""
     torch._dynamo.reset()  # compile afresh here, whatever other tests compiled in this process
     if kernel == "sdpa":
-        monkeypatch.setattr(learner_module, "EAGER_MAX_ELEMENTS", 0)
+        monkeypatch.setattr(kernels, "EAGER_MAX_ELEMENTS", 0)
     eager, compiled = (_learner(cache_dir, tiny_path, f"trainer.compile={c}", *extra) for c in ("false", "true"))
     if extra:  # LoRA's B starts at 0, which would leave A without a gradient
         with torch.no_grad():

@@ -21,7 +21,8 @@ import torch
 from omegaconf import DictConfig
 
 from rlvr.errors import EngineError, WeightSyncError
-from rlvr.learner import attention_kernels, token_logprobs
+from rlvr.kernels import attention_kernels
+from rlvr.learner import token_logprobs
 from rlvr.rollout import request_seeds
 from rlvr.types import Prompt, Rollout
 
@@ -130,7 +131,7 @@ class TransformersEngine:
 
     def _forward(self, **inputs):
         """The model on `inputs`, with the attention kernels of `self.device`: the prompt width changes
-        with every call, which cuDNN's attention pays for on CUDA (learner.SDPA_BACKENDS)."""
+        with every call, which cuDNN's attention pays for on CUDA (rlvr.kernels.SDPA_BACKENDS)."""
         with attention_kernels(self.device):
             return self.model(**inputs)
 
