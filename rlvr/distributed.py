@@ -116,14 +116,15 @@ def global_max(value: float) -> float:
     return float(t)
 
 
-def shard(model: torch.nn.Module) -> None:
-    """FSDP2 over the process group: each decoder layer a unit of its own, then the root (embeddings,
-    final norm, LM head); gradients averaged across ranks (FSDP2's default)."""
+def shard(model: torch.nn.Module, layers: list[torch.nn.Module]) -> None:
+    """FSDP2 over the process group: each of the model's decoder `layers` (rlvr.kernels.decoder_layers)
+    a unit of its own, then the root (embeddings, final norm, LM head); gradients averaged across ranks
+    (FSDP2's default)."""
     from torch.distributed.fsdp import fully_shard
 
-    layers = getattr(getattr(model, "model", None), "layers", None)
-    if layers is None:
-        raise ValueError(f"sharding needs a decoder with model.layers; {type(model).__name__} has none")
+    if not layers:
+        raise ValueError(f"sharding needs the model's decoder layers; {type(model).__name__} names none "
+                         "(_no_split_modules)")
     for layer in layers:
         fully_shard(layer)
     fully_shard(model)

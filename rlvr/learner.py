@@ -22,7 +22,7 @@ from rlvr.algorithms.losses import (
     tis_weight,
     token_ratio,
 )
-from rlvr.kernels import attention_kernel, attention_kernels, compile_choice, compile_layers
+from rlvr.kernels import attention_kernel, attention_kernels, compile_choice, compile_layers, decoder_layers
 from rlvr.logprobs import target_logprobs
 from rlvr.lora import merged_weights, with_adapters
 from rlvr.models import ModelError
@@ -173,7 +173,7 @@ class Learner:
         if distributed.world_size() > 1:  # a process group: each rank holds a shard (rlvr.distributed)
             if self.lora:
                 raise ModelError("LoRA is not supported across processes yet: use one process, or model.lora.r=0")
-            distributed.shard(model)
+            distributed.shard(model, decoder_layers(model))
         return model
 
     def state_dict(self) -> dict:
