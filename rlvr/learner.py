@@ -13,17 +13,10 @@ from omegaconf import DictConfig
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rlvr import distributed
-from rlvr.algorithms.losses import (
-    Normaliser,
-    aggregate,
-    clipped_surrogate,
-    kl_penalty,
-    sequence_ratio,
-    tis_weight,
-    token_ratio,
-)
+from rlvr.algorithms.losses import Normaliser, tis_weight
+from rlvr.algorithms.objective import PolicyLossConfig, policy_loss
 from rlvr.kernels import attention_kernel, attention_kernels, compile_choice, compile_layers, decoder_layers
-from rlvr.logprobs import target_logprobs
+from rlvr.logprobs import token_logprobs
 from rlvr.lora import merged_weights, with_adapters
 from rlvr.models import ModelError
 from rlvr.precision import Precision
@@ -31,21 +24,6 @@ from rlvr.shared_prefix import TESTED, packed_shape, shared_prefix_logprobs
 from rlvr.types import Batch, Prompt, Rollout
 
 log = logging.getLogger(__name__)
-
-
-def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                   temperature: float = 1.0, start: int = 0) -> torch.Tensor:
-    """Logprobs [N, T-1] of tokens 1.. of `input_ids` [N, T] under `model`, in one batched forward.
-
-    Only positions `start`.. go through the LM head (the rest are 0): with long prompts, logits over
-    the whole vocabulary at every prompt position would cost more than the rest of the model.
-    """
-    t = input_ids.shape[1]
-    keep = torch.arange(start, t - 1, device=input_ids.device)  # the last position predicts nothing
-    logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False,
-                   logits_to_keep=keep).logits  # [N, t - 1 - start, V]: positions start..t-2
-    logprobs = target_logprobs(logits, input_ids[:, start + 1 :], temperature)  # position s predicts s+1
-    return torch.nn.functional.pad(logprobs, (start, 0))
 
 
 def make_batch(rollouts: list[Rollout], pad_id: int, mask_truncated: bool = False) -> Batch:
@@ -149,9 +127,7 @@ class Learner:
         # The sampler/learner mismatch is larger in bf16: there the old policy defaults to the learner's
         # own logprobs, with TIS weights capped at 2, unless algorithm.tis_cap says otherwise.
         self.tis_cap = algorithm.tis_cap if algorithm.tis_cap is not None or not self.bf16 else 2.0
-        # With one optimizer step per batch, TIS's learner logprobs come from the update's own forwards
-        # (no forward of their own); False forces the separate forward (the tests compare the two).
-        self.anchor_in_forward = True
+        self.objective = PolicyLossConfig.of(algorithm)
         log.info("learner: %s, %s (float32 master weights); shared-prefix forward %s (trainer.shared_prefix=%s: "
                  "%s); decoder layers %s (trainer.compile=%s: %s)%s", device, "bf16-mixed" if self.bf16 else "fp32",
                  "on" if self.shared_prefix else "off", trainer.shared_prefix, why,
@@ -276,7 +252,7 @@ class Learner:
         # With TIS the old policy is the learner's own logprobs. With one optimizer step per batch, every
         # forward of the update runs at the old weights, so it computes them itself (`_update`, old=None);
         # otherwise a forward before the update does.
-        in_forward = self.tis_cap is not None and self.anchor_in_forward and a.ppo_epochs == 1 and a.mini_batches == 1
+        in_forward = self.tis_cap is not None and a.ppo_epochs == 1 and a.mini_batches == 1
         if self.tis_cap is not None and not in_forward:
             anchor = batch.old_logprobs.clone()
             anchor[scored] = self.batch_logprobs(batch, rows=scored)[scored]
@@ -352,23 +328,13 @@ class Learner:
             else:
                 old = anchor[sel, : width - 1].to(self.device)
                 weight = None if tis is None else tis[sel, : width - 1].to(self.device)
-            if a.ratio == "sequence":
-                ratio = sequence_ratio(logp, old, mask)
-            else:
-                ratio = token_ratio(logp, old, mask)
-            per_token, was_clipped = clipped_surrogate(ratio, part.advantages.to(self.device), a.clip_eps_low,
-                                                       a.clip_eps_high, a.dual_clip)
-            if weight is not None:
-                per_token = per_token * weight
-            if ref is not None:
-                kl = kl_penalty(logp, ref[sel, : width - 1].to(self.device), mask, a.kl.estimator)
-                per_token = per_token + a.kl.coef * kl
-                out["kl"] += float((kl.detach() * mask).sum()) / max(norm.tokens, 1)
-            loss = aggregate(per_token, mask, a.loss_agg, norm)
+            loss, stats = policy_loss(logp, old, None if ref is None else ref[sel, : width - 1].to(self.device),
+                                      part.advantages.to(self.device), mask, self.objective, norm, weight)
             (loss * distributed.world_size()).backward()  # FSDP2 averages the ranks' gradients: undo it
-            out["loss"] += float(loss.detach())
-            out["clipped"] += float((was_clipped * mask).sum())
-            out["tokens"] += float(mask.sum())
+            out["loss"] += stats.loss
+            out["kl"] += stats.kl / max(norm.tokens, 1)
+            out["clipped"] += stats.clipped
+            out["tokens"] += stats.tokens
             gap = (logp.detach() - sampler).abs() * mask
             out["mismatch_sum"] += float(gap.sum())
             out["mismatch_max"] = max(out["mismatch_max"], float(gap.max()) if gap.numel() else 0.0)

@@ -1,4 +1,6 @@
-"""The float32 logprob of each target token from a model's logits, without float32 copies of them.
+"""Logprobs of target tokens: `token_logprobs` runs a model over token ids (the learner, the transformers
+engine and the tests use it); `target_logprobs` takes the float32 logprob of each target token from
+the logits, without float32 copies of them.
 
 `logits.float().div(T).gather(...) - logits.float().div(T).logsumexp(...)` is the plain way; over a
 vocabulary of 49k and a thousand tokens each of its steps (the cast, the division, the exponentials,
@@ -65,3 +67,18 @@ def target_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: fl
         flat = torch.arange(targets.numel(), device=targets.device)
         return _TargetLogprobs.apply(logits, flat, targets.reshape(-1), temperature).view(targets.shape)
     return _TargetLogprobs.apply(logits, positions, targets, temperature)
+
+
+def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                   temperature: float = 1.0, start: int = 0) -> torch.Tensor:
+    """Logprobs [N, T-1] of tokens 1.. of `input_ids` [N, T] under `model`, in one batched forward.
+
+    Only positions `start`.. go through the LM head (the rest are 0): with long prompts, logits over
+    the whole vocabulary at every prompt position would cost more than the rest of the model.
+    """
+    t = input_ids.shape[1]
+    keep = torch.arange(start, t - 1, device=input_ids.device)  # the last position predicts nothing
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False,
+                   logits_to_keep=keep).logits  # [N, t - 1 - start, V]: positions start..t-2
+    logprobs = target_logprobs(logits, input_ids[:, start + 1 :], temperature)  # position s predicts s+1
+    return torch.nn.functional.pad(logprobs, (start, 0))

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlvr.learner import make_batch, token_logprobs
+from rlvr.learner import make_batch
+from rlvr.logprobs import token_logprobs
 from rlvr.precision import CANARY_TOL
 from rlvr.prompts import render
 from rlvr.rollout.engine import Canary, EngineError, WeightSyncError, canary_sequence, check_canary

@@ -14,7 +14,8 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 from rlvr.config import ConfigError, check
-from rlvr.learner import Learner, make_batch, token_logprobs
+from rlvr.learner import Learner, make_batch
+from rlvr.logprobs import token_logprobs
 from rlvr.lora import merged_weights
 from rlvr.models import ModelError
 from rlvr.precision import CANARY_TOL

@@ -9,7 +9,8 @@ import random
 import pytest
 import torch
 
-from rlvr.learner import Learner, make_batch, shared_prefix_choice, token_logprobs
+from rlvr.learner import Learner, make_batch, shared_prefix_choice
+from rlvr.logprobs import token_logprobs
 from rlvr.models import build_atomically
 from rlvr.shared_prefix import lanes_of, pack, packed_shape, shared_prefix_logprobs
 from rlvr.types import Prompt, Rollout

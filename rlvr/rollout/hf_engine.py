@@ -22,7 +22,7 @@ from omegaconf import DictConfig
 
 from rlvr.errors import EngineError, WeightSyncError
 from rlvr.kernels import attention_kernels
-from rlvr.learner import token_logprobs
+from rlvr.logprobs import token_logprobs
 from rlvr.rollout import request_seeds
 from rlvr.types import Prompt, Rollout
 
