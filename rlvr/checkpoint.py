@@ -7,7 +7,7 @@
                              number of ranks loads it)
         trainer.pt           LR-scheduler state, torch RNG state (loaded with weights_only=True)
         trainer_state.json   step, task state (sampler position, curriculum), Python/NumPy RNG states,
-                             reward error count
+                             the rewards' state (failed calls so far)
         metrics.jsonl        the metrics up to this step (put back into the run dir on resume)
 
 A checkpoint is written into a temporary folder and renamed into place, so a folder named
@@ -170,7 +170,7 @@ def _write(tmp: Path, final: Path, run_dir: Path, step: int, learner, weights, t
             "task": task.state_dict(),
             "python_rng": _jsonable(random.getstate()),
             "numpy_rng": [np_state[0], np_state[1].tolist(), *np_state[2:]],
-            "reward_errors": rewards.errors,
+            "rewards": rewards.state_dict(),
         }
         (tmp / "trainer_state.json").write_text(json.dumps(state))
         shutil.copyfile(run_dir / "metrics.jsonl", tmp / "metrics.jsonl")
@@ -203,7 +203,8 @@ def load_state(path: Path, learner, task, rewards) -> int:
     random.setstate(_tuples(state["python_rng"]))
     kind, keys, *rest = state["numpy_rng"]
     np.random.set_state((kind, np.array(keys, dtype=np.uint32), *rest))
-    rewards.errors = state["reward_errors"]
+    # (checkpoints of rlvr before the rewards' state_dict kept the error count as reward_errors)
+    rewards.load_state_dict(state["rewards"] if "rewards" in state else {"errors": state["reward_errors"]})
     return int(state["step"])
 
 

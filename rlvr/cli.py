@@ -10,7 +10,6 @@
 from __future__ import annotations
 
 import logging
-import shutil
 import sys
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from omegaconf import DictConfig
 from rlvr.config import register
 from rlvr.errors import RlvrError
 from rlvr.keys import unknown_keys
+from rlvr.rundir import remove_if_untouched
 
 CONFIG_DIR = str(Path(__file__).resolve().parent.parent / "configs")
 
@@ -45,9 +45,6 @@ examples:
 """
 
 
-HYDRA_FILES = {"config.yaml", "hydra.yaml", "overrides.yaml"}  # what Hydra writes into <run dir>/.hydra/
-
-
 def _reported(run, cfg: DictConfig) -> float | None:
     """Run `run(cfg, run_dir)`; a user's error (RlvrError) is printed alone, without a traceback,
     and the run dir Hydra made for the rejected run is removed if nothing else was written there."""
@@ -57,36 +54,8 @@ def _reported(run, cfg: DictConfig) -> float | None:
         return run(cfg, run_dir).get("eval/accuracy")
     except RlvrError as e:
         logging.getLogger("rlvr").error("%s", e)
-        _remove_if_untouched(run_dir)
+        remove_if_untouched(run_dir)
         sys.exit(1)
-
-
-def _remove_if_untouched(run_dir: Path) -> None:
-    """Remove `run_dir` when it holds only what Hydra wrote at job start (`.hydra/`, the `*.log`
-    file), then its parents left empty, up to the current directory. A dir holding anything else
-    (a resumed run's metrics and checkpoints) is left as it is."""
-    for handler in logging.root.handlers[:]:  # Hydra's file handler keeps the log file open
-        if isinstance(handler, logging.FileHandler) and Path(handler.baseFilename).parent == run_dir:
-            handler.close()
-            logging.root.removeHandler(handler)
-    cwd = Path.cwd().resolve()
-    run_dir = run_dir.resolve()
-    if not run_dir.is_dir() or run_dir == cwd or run_dir in cwd.parents:
-        return
-    for entry in run_dir.iterdir():
-        if entry.is_symlink():
-            return
-        if entry.is_file() and entry.suffix == ".log":
-            continue
-        if entry.name == ".hydra" and entry.is_dir() and all(
-                f.is_file() and not f.is_symlink() and f.name in HYDRA_FILES for f in entry.iterdir()):
-            continue
-        return
-    shutil.rmtree(run_dir)
-    parent = run_dir.parent
-    while cwd in parent.parents and not any(parent.iterdir()):
-        parent.rmdir()
-        parent = parent.parent
 
 
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="train")
@@ -95,7 +64,7 @@ def _train(cfg: DictConfig) -> float | None:
     from rlvr.train import train
 
     # in this process, across the ranks trainer.nproc_per_node asks for, or as one rank under torchrun
-    return _reported(lambda cfg, run_dir: launch.run(train, cfg, run_dir, discard=_remove_if_untouched), cfg)
+    return _reported(lambda cfg, run_dir: launch.run(train, cfg, run_dir, discard=remove_if_untouched), cfg)
 
 
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="train")

@@ -1,5 +1,5 @@
-"""Evaluation on a task's held-out prompts: greedy accuracy (also during training) and, for
-`rlvr eval`, sampled pass@k / mean@k with every sample written out."""
+"""Evaluation on a task's held-out prompts: greedy accuracy (before, during and after training) and,
+for the `rlvr eval` command (`run_eval`), sampled pass@k / mean@k with every sample written out."""
 
 from __future__ import annotations
 
@@ -12,12 +12,7 @@ from omegaconf import DictConfig
 from rich.console import Console
 from rich.table import Table
 
-from rlvr import models
-from rlvr.config import check
-from rlvr.data import build_task
-from rlvr.precision import pick_device
-from rlvr.precision import resolve as resolve_precision
-from rlvr.prompts import PromptFit
+from rlvr.metrics import sample_record, summarise
 from rlvr.rewards import Rewards
 from rlvr.types import Prompt, Rollout
 
@@ -39,33 +34,6 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     for i in range(n - c + 1, n + 1):
         miss *= 1.0 - k / i
     return 1.0 - miss
-
-
-def summarise(rollouts: list[Rollout], rewards: Rewards, prefix: str = "") -> dict[str, float]:
-    """Mean reward (total and per term), accuracy (also per `meta["level"]` when prompts carry
-    several), completion length and truncation rate."""
-    n = len(rollouts)
-    out = {f"{prefix}reward/mean": sum(r.reward for r in rollouts) / n}
-    for name in rewards.weights:
-        out[f"{prefix}reward/{name}"] = sum(r.rewards[name] for r in rollouts) / n
-    out[f"{prefix}accuracy"] = sum(rewards.is_correct(r) for r in rollouts) / n
-    levels: dict[str, list[bool]] = {}
-    for r in rollouts:
-        if "level" in r.prompt.meta:
-            levels.setdefault(str(r.prompt.meta["level"]), []).append(rewards.is_correct(r))
-    if len(levels) > 1:  # a task whose prompts carry meta["level"]: accuracy per level too
-        for level, correct in sorted(levels.items()):
-            out[f"{prefix}accuracy/{level}"] = sum(correct) / len(correct)
-    out[f"{prefix}completion_len/mean"] = sum(sum(r.model_mask) for r in rollouts) / n  # the model's own tokens
-    out[f"{prefix}truncated_frac"] = sum(r.finish_reason == "length" for r in rollouts) / n
-    if rollouts[0].conversation:  # multi-turn rollouts with tools
-        out[f"{prefix}tools/turns"] = sum(sum(m["role"] == "assistant" for m in r.conversation) for r in rollouts) / n
-        out[f"{prefix}tools/calls"] = sum(r.tool_calls for r in rollouts) / n
-        out[f"{prefix}tools/errors"] = sum(r.tool_errors for r in rollouts) / n
-        out[f"{prefix}tools/call_frac"] = sum(r.tool_calls > 0 for r in rollouts) / n  # rollouts calling a tool
-        out[f"{prefix}tokens/model"] = out[f"{prefix}completion_len/mean"]
-        out[f"{prefix}tokens/tool"] = sum(len(r.completion_mask) - sum(r.completion_mask) for r in rollouts) / n
-    return out
 
 
 def greedy(generate, prompts: list[Prompt], prompt_ids: list[list[int]],
@@ -92,54 +60,27 @@ def sampled(generate, prompts: list[Prompt], prompt_ids: list[list[int]], reward
     return out, rollouts
 
 
-def sample_record(r: Rollout, rewards: Rewards, **extra) -> dict:
-    """One completion as a JSON-ready record, with its reward components."""
-    return {**extra, "messages": r.prompt.messages, "answer": r.prompt.answer, "completion": r.text,
-            "rewards": r.rewards, "reward": r.reward, "correct": rewards.is_correct(r),
-            "finish_reason": r.finish_reason, "tokens": len(r.completion_ids),
-            **({"conversation": r.conversation, "tool_calls": r.tool_calls, "tool_errors": r.tool_errors}
-               if r.conversation else {}),
-            **({"reward_errors": r.reward_errors} if r.reward_errors else {})}
-
-
 def run_eval(cfg: DictConfig, run_dir: Path) -> dict[str, float]:
     """`rlvr eval`: the model of `cfg.model` on the task's held-out prompts. Writes eval.json and
     eval_samples.jsonl into `run_dir` and prints a table."""
-    from transformers import AutoTokenizer
+    from rlvr.run import build
 
-    from rlvr.rollout.engine import build_engine, check_backend, check_memory
-    from rlvr.rollout.multiturn import build_tools, rollout_generator
-
-    check(cfg, training=False)
     if cfg.trainer.nproc_per_node * cfg.trainer.nnodes > 1:
         log.warning("rlvr eval runs in one process: trainer.nproc_per_node=%d and trainer.nnodes=%d are for rlvr train",
                     cfg.trainer.nproc_per_node, cfg.trainer.nnodes)
-    device = pick_device(cfg.trainer.device)
-    check_backend(cfg.rollout.backend, device)
-    rewards = Rewards(cfg.reward, device)
-    tools = build_tools(cfg)
-    model_path = models.resolve(cfg.model, Path(cfg.cache_dir))
-    task = build_task(cfg, model_path)
-    precision = resolve_precision(cfg.trainer.precision, cfg.rollout.dtype, cfg.rollout.canary_tol, device)
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
-    prompts, prompt_ids = PromptFit(tokenizer, cfg.rollout.max_model_len, cfg.rollout.max_tokens,
-                                    tools).eval_prompts(task.eval_prompts())
     start = time.perf_counter()
-    check_memory(cfg.rollout, model_path, precision.engine_dtype, device)
-    engine = build_engine(model_path, cfg.rollout, precision.engine_dtype, cfg.seed, device, Path(cfg.cache_dir))
-    generate = rollout_generator(engine, tokenizer, tools, cfg.rollout)
-    rewards.attach(engine, tokenizer)
+    run = build(cfg, run_dir, training=False)
+    prompts, rewards = run.eval_prompts, run.rewards
     try:
-        metrics, greedy_rollouts = greedy(generate, prompts, prompt_ids, rewards)
+        metrics, greedy_rollouts = greedy(run.generate, prompts, run.eval_ids, rewards)
         sampled_rollouts: list[Rollout] = []
         if cfg.eval.n_samples > 0:
-            more, sampled_rollouts = sampled(generate, prompts, prompt_ids, rewards, cfg.eval.n_samples,
+            more, sampled_rollouts = sampled(run.generate, prompts, run.eval_ids, rewards, cfg.eval.n_samples,
                                              list(cfg.eval.ks), cfg.seed)
             metrics.update(more)
     finally:
-        rewards.close()
-        engine.close()
-    metrics = {"model_path": str(model_path), "prompts": len(prompts), "wall_s": time.perf_counter() - start,
+        run.close()
+    metrics = {"model_path": str(run.model_path), "prompts": len(prompts), "wall_s": time.perf_counter() - start,
                **metrics}
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "eval.json").write_text(json.dumps(metrics, indent=2) + "\n")
@@ -148,7 +89,7 @@ def run_eval(cfg: DictConfig, run_dir: Path) -> dict[str, float]:
             f.write(json.dumps(sample_record(r, rewards, decoding="greedy")) + "\n")
         for r in sampled_rollouts:
             f.write(json.dumps(sample_record(r, rewards, decoding="sampled")) + "\n")
-    table = Table(title=f"rlvr eval: {model_path} ({len(prompts)} held-out prompts)")
+    table = Table(title=f"rlvr eval: {run.model_path} ({len(prompts)} held-out prompts)")
     table.add_column("metric")
     table.add_column("value", justify="right")
     for key, value in metrics.items():

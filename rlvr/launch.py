@@ -36,7 +36,7 @@ from rlvr.checkpoint import complete_checkpoints
 from rlvr.config import check
 from rlvr.distributed import on_rank0, rank, timed_out
 from rlvr.errors import RlvrError
-from rlvr.train import GracefulStop
+from rlvr.rundir import GracefulStop
 
 log = logging.getLogger("rlvr")
 

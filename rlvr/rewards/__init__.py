@@ -165,6 +165,13 @@ class Rewards:
         terms = {n: torch.tensor([r.rewards[n] for r in rollouts]).view(-1, group_size) for n in self.weights}
         return combine(terms, self.weights, self.order)
 
+    def state_dict(self) -> dict[str, int]:
+        """What a checkpoint keeps: the count of failed reward calls over the run."""
+        return {"errors": self.errors}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.errors = int(state["errors"])
+
     def is_correct(self, rollout: Rollout) -> bool:
         return rollout.rewards[self.correct_term] >= 1.0
 

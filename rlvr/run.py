@@ -1,0 +1,164 @@
+"""Building a run: every part `rlvr train` and `rlvr eval` are made of, checked and built once by
+`build`, in the order that fails fast. What bad input can break (the config, the rewards, the tools,
+the task's data, the prompts against the context, the run dir) fails before a model loads where it
+can be known then; the learner comes next, the rollout engine last (it takes the most memory).
+
+    build(cfg, run_dir)                   -> Run with a learner, logger, canary: `rlvr train`
+    build(cfg, run_dir, training=False)   -> Run with an engine only: `rlvr eval`
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from omegaconf import DictConfig
+
+from rlvr import checkpoint, distributed, models, rundir
+from rlvr.config import check
+from rlvr.data import Task, build_task
+from rlvr.host import keep_freed_memory
+from rlvr.logging import Logger, NullLogger, manifest
+from rlvr.precision import Precision, pick_device
+from rlvr.precision import resolve as resolve_precision
+from rlvr.prompts import PromptFit
+from rlvr.rewards import Rewards
+from rlvr.rollout.engine import Canary, Engine, build_engine, canary_sequence, check_backend, check_memory
+from rlvr.rollout.multiturn import Generate, build_tools, rollout_generator
+from rlvr.types import Prompt
+
+log = logging.getLogger("rlvr")
+
+CANARY_ANSWER = " <answer>42</answer>"
+
+
+@dataclass
+class Run:
+    """The parts of a run, built by `build`; `close` releases them (engine, reward workers, logger)."""
+
+    cfg: DictConfig
+    device: str
+    precision: Precision
+    model_path: Path  # the model the run starts from (and the KL reference)
+    task: Task
+    rewards: Rewards
+    tokenizer: object
+    fit: PromptFit  # prompts checked against the engine's context
+    eval_prompts: list[Prompt]  # the held-out prompts, and their token ids
+    eval_ids: list[list[int]]
+    engine: Engine | None = None
+    generate: Generate | None = None  # groups of completions for prompts: the engine's, or multi-turn with tools
+    learner: object | None = None  # rlvr.learner.Learner (training only)
+    canary: Canary | None = None
+    logger: Logger | NullLogger = NullLogger()
+    resume: Path | None = None  # the checkpoint a resumed run continues from
+    start: int = 0  # the last step already done (a resumed run's checkpoint's)
+
+    def close(self) -> None:
+        self.rewards.close()
+        if self.engine is not None:
+            self.engine.close()
+        self.logger.close()
+
+
+def build(cfg: DictConfig, run_dir: Path, training: bool = True) -> Run:
+    """Check `cfg` and build the run's parts. `training`: also the learner, the run dir, the logger
+    and the weight-sync canary, and a resumed run's state; else (`rlvr eval`) only what generates
+    and scores. Across processes every rank builds its own (rank 0 alone writes into `run_dir`)."""
+    check(cfg, training=training)
+    device = pick_device(cfg.trainer.device)
+    check_backend(cfg.rollout.backend, device)
+    rewards = Rewards(cfg.reward, device)
+    with _closed_on_error(rewards.close):
+        tools = build_tools(cfg)
+        model_path = models.resolve(cfg.model, Path(cfg.cache_dir))
+        task = build_task(cfg, model_path)
+        precision = resolve_precision(cfg.trainer.precision, cfg.rollout.dtype, cfg.rollout.canary_tol, device)
+        log.info("device %s (trainer.device=%s), %s engine; precision: learner %s, engine %s, canary tolerance %g "
+                 "(%s)", device, cfg.trainer.device, cfg.rollout.backend, precision.learner, precision.engine_dtype,
+                 precision.canary_tol, precision.why)
+        check_memory(cfg.rollout, model_path, precision.engine_dtype, device)
+        if cfg.trainer.num_threads is not None:  # before the engine starts: vLLM pins its threads
+            torch.set_num_threads(cfg.trainer.num_threads)
+        if not training:
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(model_path)
+            fit = PromptFit(tokenizer, cfg.rollout.max_model_len, cfg.rollout.max_tokens, tools)
+            run = Run(cfg, device, precision, model_path, task, rewards, tokenizer, fit,
+                      *fit.eval_prompts(task.eval_prompts()))
+            return _with_engine(run, model_path, tools)
+
+        if keep_freed_memory():  # each step's big tensors reuse the last step's pages instead of faulting in new ones
+            log.info("malloc keeps freed memory for reuse (no page faults for each step's tensors; resident memory "
+                     "stays at its peak)")
+        random.seed(cfg.seed)
+        np.random.seed(cfg.seed)
+        torch.manual_seed(cfg.seed)
+        resume = checkpoint.find(cfg.trainer.resume, run_dir)
+        learner = _learner(cfg, model_path, resume, device, precision)
+        # Every prompt is checked against the engine's context before the engine starts.
+        fit = PromptFit(learner.tokenizer, cfg.rollout.max_model_len, cfg.rollout.max_tokens, tools)
+        run = Run(cfg, device, precision, model_path, task, rewards, learner.tokenizer, fit,
+                  *fit.eval_prompts(task.eval_prompts()), learner=learner, resume=resume)
+        fit.probe(task, cfg.data.batch_size)
+
+        def start_run_dir() -> None:  # the first write into the run dir
+            run_dir.mkdir(parents=True, exist_ok=True)
+            rundir.prepare(run_dir, resume, cfg.trainer.overwrite, auto_resume=cfg.trainer.resume == "auto")
+
+        distributed.on_rank0(start_run_dir)  # every rank stops alike if the run dir is refused
+        run.logger = Logger(run_dir, cfg, cfg.trainer.max_steps) if distributed.rank() == 0 else NullLogger()
+    with _closed_on_error(run.close):
+        run.logger.write_manifest({
+            **manifest(cfg, model_path, device), "resumed_from": str(resume) if resume else None,
+            "shared_prefix": learner.shared_prefix, "compiled": learner.compiled,
+            "world_size": distributed.world_size(),
+            "precision": {"learner": precision.learner, "engine_dtype": precision.engine_dtype,
+                          "canary_tol": precision.canary_tol, "why": precision.why}})
+        run.start = checkpoint.load_state(resume, learner, task, rewards) if resume else 0
+        _with_engine(run, resume / "model" if resume else model_path, tools)  # a resumed run serves the checkpoint
+        # Across processes each rank generates its share of every call and all ranks get all the rollouts.
+        run.generate = distributed.split(run.generate)
+        # A fixed sequence whose logprobs engine and learner must agree on after every sync.
+        answer = run.tokenizer(CANARY_ANSWER, add_special_tokens=False).input_ids
+        run.canary = Canary(canary_sequence(min(run.eval_ids, key=len), answer, run.engine.block_size(),
+                                            cfg.rollout.max_model_len), precision.canary_tol)
+        return run
+
+
+def _learner(cfg: DictConfig, model_path: Path, resume: Path | None, device: str, precision: Precision):
+    """The learner of `model_path`, or of a resumed run's checkpoint. With LoRA it is the base model
+    plus the adapter (the checkpoint's); the engine serves merged weights."""
+    from rlvr.learner import Learner  # (torch and transformers' model code: only for training)
+
+    lora = cfg.model.lora if cfg.model.lora.r > 0 else None
+    policy_path = resume / "model" if resume else model_path
+    return Learner(model_path if lora else policy_path, cfg.optim, cfg.algorithm, cfg.trainer,
+                   cfg.rollout.temperature, cfg.rollout.max_tokens, device, precision, reference_path=model_path,
+                   lora=lora, adapter_path=checkpoint.adapter(resume, lora is not None) if resume else None)
+
+
+def _with_engine(run: Run, policy_path: Path, tools) -> Run:
+    """Start the rollout engine on `policy_path` and give it to the run, its generator and the rewards."""
+    cfg = run.cfg
+    run.engine = build_engine(policy_path, cfg.rollout, run.precision.engine_dtype, cfg.seed, run.device,
+                              Path(cfg.cache_dir))
+    run.generate = rollout_generator(run.engine, run.tokenizer, tools, cfg.rollout)
+    run.rewards.attach(run.engine, run.tokenizer)  # a judge term without a model of its own asks the policy
+    return run
+
+
+@contextlib.contextmanager
+def _closed_on_error(close):
+    """Call `close` if the block raises (a part that failed to build releases the ones built before it)."""
+    try:
+        yield
+    except BaseException:
+        close()
+        raise
