@@ -17,7 +17,7 @@ VLLM_EXTRA ?= $(shell nvidia-smi -L >/dev/null 2>&1 && echo cuda || echo cpu)
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: install train test bench lint
+.PHONY: install train test bench lint docs
 
 install: $(STAMP)
 
@@ -42,3 +42,8 @@ bench: install
 
 lint: install
 	$(VENV)/bin/ruff check rlvr tests scripts
+
+# The documentation site (docs/, mkdocs.yml) into site/; the config reference is regenerated first.
+docs: install
+	$(PY) -m rlvr.reference --write
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict

@@ -9,15 +9,20 @@
         trainer_state.json   step, task state (sampler position, curriculum), Python/NumPy RNG states,
                              the rewards' state (failed calls so far)
         metrics.jsonl        the metrics up to this step (put back into the run dir on resume)
+        files.json           the size and SHA-256 of every other file, as written (written last)
 
 A checkpoint is written into a temporary folder and renamed into place, so a folder named
-`step-*` is always complete; older ones are pruned (`keep_last`) only after a new one is.
+`step-*` is always complete; older ones are pruned (`keep_last`) only after a new one is. A file
+damaged afterwards (a disk that filled, a copy cut short) no longer matches files.json: resuming from
+that checkpoint is refused naming the file, and `trainer.resume=auto` falls back to the newest intact
+checkpoint, with a warning that says which and why.
 Weights are safetensors, the trainer state JSON, trainer.pt goes through torch's weights-only loader;
 but torch.distributed.checkpoint's `optimizer/.metadata` is a pickle: resume only checkpoints you trust.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -31,11 +36,14 @@ import numpy as np
 import torch
 
 from rlvr.errors import RlvrError
+from rlvr.rundir import CHECKPOINT_PREFIX, complete_checkpoints
 
 log = logging.getLogger("rlvr")
 
-PREFIX = "step-"
+PREFIX = CHECKPOINT_PREFIX
 FILES = ("model/config.json", "optimizer/.metadata", "trainer.pt", "trainer_state.json", "metrics.jsonl")
+# Written last into a checkpoint: the size and SHA-256 of every other file, as written.
+RECORD = "files.json"
 
 
 class CheckpointError(RlvrError, RuntimeError):
@@ -46,16 +54,6 @@ def _step_of(path: Path) -> int:
     return int(path.name.removeprefix(PREFIX))
 
 
-def complete_checkpoints(run_dir: Path) -> list[Path]:
-    """The complete checkpoints of a run dir, oldest first (temporary folders are not listed)."""
-    folder = run_dir / "checkpoints"
-    if not folder.is_dir():
-        return []
-    found = [p for p in folder.iterdir() if p.is_dir() and p.name.startswith(PREFIX)
-             and p.name.removeprefix(PREFIX).isdigit()]
-    return sorted(found, key=_step_of)
-
-
 def find(resume: str | None, run_dir: Path) -> Path | None:
     """The checkpoint `trainer.resume` asks for: None (start fresh), "auto" (the newest in the run
     dir, or None when there is none) or a path. A path that is not a usable checkpoint raises."""
@@ -63,7 +61,22 @@ def find(resume: str | None, run_dir: Path) -> Path | None:
         return None
     if resume == "auto":
         found = complete_checkpoints(run_dir)
-        return validate(found[-1]) if found else None
+        damaged = []
+        for path in reversed(found):  # the newest intact one
+            try:
+                validate(path)
+            except CheckpointError as e:
+                log.warning("trainer.resume=auto: %s", e)
+                damaged.append(path.name)
+                continue
+            if damaged:
+                log.warning("trainer.resume=auto: resuming from %s, the newest intact checkpoint (%s damaged: see above)",
+                            path, ", ".join(damaged))
+            return path
+        if found:
+            raise CheckpointError(f"trainer.resume=auto: every checkpoint in {run_dir / 'checkpoints'} is damaged "
+                                  "(see the warnings above); start over with trainer.overwrite=true")
+        return None
     return validate(Path(resume).expanduser())
 
 
@@ -75,6 +88,7 @@ def validate(path: Path) -> Path:
     missing = [f for f in FILES if not (path / f).is_file()]
     if missing:
         raise CheckpointError(f"checkpoint {path} is incomplete: {', '.join(missing)} missing")
+    _check_record(path)
     try:
         state = json.loads((path / "trainer_state.json").read_text())
         int(state["step"])
@@ -91,6 +105,42 @@ def validate(path: Path) -> Path:
     except Exception as e:  # any parse failure means the same to the user: this checkpoint is unusable
         raise CheckpointError(f"checkpoint {path} is corrupt: {type(e).__name__}: {e}") from e
     return path
+
+
+def _digest(path: Path) -> dict[str, Any]:
+    sha = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(2**22):
+            sha.update(chunk)
+    return {"size": path.stat().st_size, "sha256": sha.hexdigest()}
+
+
+def _record(folder: Path) -> None:
+    """Write RECORD: what a complete checkpoint holds, file by file, as it was written."""
+    files = {str(p.relative_to(folder)): _digest(p) for p in sorted(folder.rglob("*")) if p.is_file()}
+    (folder / RECORD).write_text(json.dumps(files, indent=1) + "\n")
+
+
+def _check_record(path: Path) -> None:
+    """Every file RECORD lists is there with the size and checksum it was written with; raise
+    CheckpointError naming the first that is not. (Checkpoints written before RECORD existed pass.)"""
+    if not (path / RECORD).is_file():
+        return
+    try:
+        recorded = json.loads((path / RECORD).read_text())
+    except ValueError as e:
+        raise CheckpointError(f"checkpoint {path} is corrupt: its {RECORD} does not parse ({e})") from e
+    for name, want in recorded.items():
+        file = path / name
+        if not file.is_file():
+            raise CheckpointError(f"checkpoint {path} is incomplete: {name} missing")
+        size = file.stat().st_size
+        if size != want["size"]:
+            raise CheckpointError(f"checkpoint {path} is corrupt: {name} holds {size} bytes, {want['size']} were "
+                                  "written (a disk that filled, a copy cut short?)")
+        if _digest(file)["sha256"] != want["sha256"]:
+            raise CheckpointError(f"checkpoint {path} is corrupt: {name} differs from what was written (its SHA-256 "
+                                  "does not match)")
 
 
 def adapter(path: Path, lora: bool) -> Path | None:
@@ -174,6 +224,7 @@ def _write(tmp: Path, final: Path, run_dir: Path, step: int, learner, weights, t
         }
         (tmp / "trainer_state.json").write_text(json.dumps(state))
         shutil.copyfile(run_dir / "metrics.jsonl", tmp / "metrics.jsonl")
+        _record(tmp)
         os.chmod(tmp, 0o755)
         if final.exists():  # a checkpoint of this step from an earlier attempt
             shutil.rmtree(final)

@@ -2,7 +2,7 @@
 
     rlvr train +experiment=multiplication optim.lr=3e-6      # one run
     rlvr train -m +experiment=multiplication seed=0,1,2       # a sweep (Hydra multirun)
-    rlvr train --help                                         # Hydra's help: config groups and options
+    rlvr train --help                                         # the config groups, their options, the docs
     rlvr eval +experiment=multiplication model=local model.path=outputs/.../model   # greedy + pass@k
     rlvr plot RUN_DIR [RUN_DIR ...]                           # curves of runs, overlaid, as a PNG
 """
@@ -17,10 +17,10 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from rlvr.config import register
+from rlvr.config import ConfigError, register, typed
 from rlvr.errors import RlvrError
-from rlvr.keys import unknown_keys
-from rlvr.rundir import remove_if_untouched
+from rlvr.keys import check_overrides, unknown_keys
+from rlvr.rundir import RunDirError, refuse_early, remove_if_untouched
 
 CONFIG_DIR = str(Path(__file__).resolve().parent.parent / "configs")
 
@@ -31,8 +31,9 @@ Reinforcement learning from verifiable rewards (GRPO and descendants) with vLLM 
 commands:
   train     run RL training: rlvr train +experiment=multiplication [key=value ...]
             sweep with -m:    rlvr train -m +experiment=multiplication seed=0,1,2
-            all options:      rlvr train --help   (config groups)
+            all options:      rlvr train --help   (config groups and their options)
                               rlvr train --cfg job (the composed config, nothing runs)
+                              docs/reference.md   (every key: type, default, choices, meaning)
   eval      greedy accuracy and pass@k of a model on a task's held-out prompts; any train override works:
             rlvr eval +experiment=multiplication model=local model.path=outputs/.../model eval.n_samples=8
             writes eval.json and eval_samples.jsonl into its run dir
@@ -42,16 +43,43 @@ commands:
 examples:
   rlvr train +experiment=multiplication model=tiny trainer.max_steps=3
   rlvr train +experiment=multiplication optim.lr=1e-5 algorithm.group_size=8 data.batch_size=8
+
+docs: README.md, then docs/ (or `make docs` for the site)
 """
+
+WHAT = {"train": "Run RL training (GRPO and descendants) with vLLM rollouts; writes into its run dir.",
+        "eval": "Greedy accuracy and pass@k of a model on a task's held-out prompts; writes eval.json and "
+                "eval_samples.jsonl."}
+
+
+def command_help(command: str) -> str:
+    """`rlvr train --help` / `rlvr eval --help`: what the command does, the config groups with their
+    options (rlvr's, not Hydra's internal schema entries) and where the reference of every key is."""
+    from rlvr.reference import GROUP_LINES, defaults_list, options
+
+    chosen = defaults_list()
+    lines = [f"usage: rlvr {command} [+experiment=NAME] [GROUP=OPTION ...] [GROUP.KEY=VALUE ...] [-m]", "",
+             WHAT[command], "", "config groups (pick an option with GROUP=OPTION; the default is marked *):"]
+    for group, line in GROUP_LINES.items():
+        names = ", ".join(o + ("*" if o == chosen.get(group) else "") for o in options(group))
+        lines += [f"  {group:<11}{line}", f"  {'':<11}options: {names}"]
+    lines += [f"  {'tools':<11}Tools the model may call in multi-turn rollouts.",
+              f"  {'':<11}options: {', '.join(o + ('*' if o == chosen.get('tools') else '') for o in options('tools'))}",
+              f"  {'experiment':<11}Whole setups, applied with +experiment=NAME: {', '.join(options('experiment'))}",
+              "", "every key, its type, default, choices and meaning: docs/reference.md",
+              f"the composed config, nothing run:                 rlvr {command} [overrides] --cfg job",
+              f"Hydra's own flags:                                 rlvr {command} --hydra-help"]
+    return "\n".join(lines)
 
 
 def _reported(run, cfg: DictConfig) -> float | None:
-    """Run `run(cfg, run_dir)`; a user's error (RlvrError) is printed alone, without a traceback,
-    and the run dir Hydra made for the rejected run is removed if nothing else was written there."""
+    """Run `run(config, run_dir)` on the typed config (rlvr.config.typed: the one conversion); a user's
+    error (RlvrError) is printed alone, without a traceback, and the run dir Hydra made for the
+    rejected run is removed if nothing else was written there."""
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     try:
         unknown_keys(cfg)
-        return run(cfg, run_dir).get("eval/accuracy")
+        return run(typed(cfg), run_dir).get("eval/accuracy")
     except RlvrError as e:
         logging.getLogger("rlvr").error("%s", e)
         remove_if_untouched(run_dir)
@@ -63,7 +91,7 @@ def _train(cfg: DictConfig) -> float | None:
     from rlvr import launch  # heavy imports (torch, transformers) after the config composed
     from rlvr.train import train
 
-    # in this process, across the ranks trainer.nproc_per_node asks for, or as one rank under torchrun
+    # in this process, across the ranks launch.nproc_per_node asks for, or as one rank under torchrun
     return _reported(lambda cfg, run_dir: launch.run(train, cfg, run_dir, discard=remove_if_untouched), cfg)
 
 
@@ -80,6 +108,17 @@ def _plot() -> None:
     sys.exit(plot_main(sys.argv[1:]))
 
 
+def _user_config_dirs(args: list[str]) -> list[Path]:
+    """The folders of `--config-dir DIR` / `--config-dir=DIR` (`-cd`): Hydra looks for options there too."""
+    dirs = []
+    for i, arg in enumerate(args):
+        if arg in ("--config-dir", "-cd") and i + 1 < len(args):
+            dirs.append(Path(args[i + 1]))
+        elif arg.startswith("--config-dir="):
+            dirs.append(Path(arg.split("=", 1)[1]))
+    return dirs
+
+
 COMMANDS = {"train": _train, "eval": _eval, "plot": _plot}
 
 
@@ -92,7 +131,17 @@ def main() -> None:
     if command not in COMMANDS:
         print(f"rlvr: unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
         sys.exit(2)
+    if command in ("train", "eval") and {"-h", "--help"} & set(rest):
+        print(command_help(command))
+        sys.exit(0)
     if command in ("train", "eval"):
+        try:
+            check_overrides(rest, Path(CONFIG_DIR), _user_config_dirs(rest))
+            if command == "train":
+                refuse_early(rest)
+        except (ConfigError, RunDirError) as e:
+            print(f"rlvr {command}: {e}", file=sys.stderr)
+            sys.exit(1)
         register()
         # hydra.utils logs the error of a `_target_` that does not import, then raises it; rlvr reports
         # the raised error with the config key that named it, so Hydra's own line would say it twice.

@@ -1,5 +1,5 @@
 """rlvr across processes (torch.distributed): the split of the rollouts, FSDP2 sharding and the few
-collectives the loop needs (README, "Scaling out"; the launch of the ranks: rlvr.launch).
+collectives the loop needs (docs/scaling.md; the launch of the ranks: rlvr.launch).
 
 Every rank runs the whole loop of `rlvr.train.train` with its own rollout engine:
 

@@ -8,10 +8,10 @@ import logging
 import time
 from pathlib import Path
 
-from omegaconf import DictConfig
 from rich.console import Console
 from rich.table import Table
 
+from rlvr.config import TrainConfig
 from rlvr.metrics import sample_record, summarise
 from rlvr.rewards import Rewards
 from rlvr.types import Prompt, Rollout
@@ -60,14 +60,14 @@ def sampled(generate, prompts: list[Prompt], prompt_ids: list[list[int]], reward
     return out, rollouts
 
 
-def run_eval(cfg: DictConfig, run_dir: Path) -> dict[str, float]:
+def run_eval(cfg: TrainConfig, run_dir: Path) -> dict[str, float]:
     """`rlvr eval`: the model of `cfg.model` on the task's held-out prompts. Writes eval.json and
     eval_samples.jsonl into `run_dir` and prints a table."""
     from rlvr.run import build
 
-    if cfg.trainer.nproc_per_node * cfg.trainer.nnodes > 1:
-        log.warning("rlvr eval runs in one process: trainer.nproc_per_node=%d and trainer.nnodes=%d are for rlvr train",
-                    cfg.trainer.nproc_per_node, cfg.trainer.nnodes)
+    if cfg.launch.nproc_per_node * cfg.launch.nnodes > 1:
+        log.warning("rlvr eval runs in one process: launch.nproc_per_node=%d and launch.nnodes=%d are for rlvr train",
+                    cfg.launch.nproc_per_node, cfg.launch.nnodes)
     start = time.perf_counter()
     run = build(cfg, run_dir, training=False)
     prompts, rewards = run.eval_prompts, run.rewards

@@ -1,5 +1,5 @@
 """How the learner's forward computes on its device: which attention kernel runs it, and whether its
-decoder layers run compiled (`trainer.compile`). Choices measured per device; the learner
+decoder layers run compiled (`learner.compile`). Choices measured per device; the learner
 (rlvr.learner) and the transformers engine (rlvr.rollout.hf_engine) apply them."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from rlvr.models import ModelError
 # with a mask on an H200, and it builds a graph for each new shape: the first forward and backward at
 # a new width took 0.70 s (mean of 10, max 2.1 s) against 0.7 ms with memory-efficient attention. The
 # learner's widths change with every micro-batch, so it paid that at nearly every one: a bf16-mixed
-# update of the tiny model took 2.9 s with it and 0.12 s without (scripts/gpu_check.py; README, The
+# update of the tiny model took 2.9 s with it and 0.12 s without (scripts/gpu_check.py; docs/backends.md, The
 # CUDA path). Flash and memory-efficient attention take any shape at no set-up cost. The transformers
 # engine (rlvr.rollout.hf_engine), whose prompt widths change with every call, leaves it out too.
 SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
@@ -47,7 +47,7 @@ def attention_kernel(device: str, rows: int, width: int, heads: int) -> str:
 
 
 def compile_choice(setting: str | bool, bf16: bool, device: str) -> tuple[bool, str]:
-    """Whether the learner compiles its decoder layers with torch.compile (`trainer.compile`), and why.
+    """Whether the learner compiles its decoder layers with torch.compile (`learner.compile`), and why.
 
     On SmolLM2 under bf16-mixed on a 2-core AMX Xeon, a forward and backward of 64 sequences took 2.9 s
     compiled against 3.6 s eager: autocast's casts, the norms and the activation fuse into few passes,
@@ -82,14 +82,14 @@ def compile_layers(model: torch.nn.Module) -> None:
     one per grad mode, attention mask dtype (eager or SDPA) and one row or more: 5 in `make train`,
     under torch's recompile_limit of 8 (past it the layer runs eager, with a warning)."""
     if distributed.world_size() > 1:
-        raise ModelError("trainer.compile=true is not supported across processes yet: use one process, "
-                         "or trainer.compile=auto")
+        raise ModelError("learner.compile=true is not supported across processes yet: use one process, "
+                         "or learner.compile=auto")
     if shutil.which("g++") is None:
-        raise ModelError("trainer.compile=true needs a C++ compiler (g++) for torch.compile's CPU code, and "
-                         "there is none on PATH: install g++, or use trainer.compile=auto or false")
+        raise ModelError("learner.compile=true needs a C++ compiler (g++) for torch.compile's CPU code, and "
+                         "there is none on PATH: install g++, or use learner.compile=auto or false")
     layers = decoder_layers(model)
     if not layers:
-        raise ModelError(f"trainer.compile=true: {type(model).__name__} names no decoder layers "
-                         "(_no_split_modules) to compile; use trainer.compile=false")
+        raise ModelError(f"learner.compile=true: {type(model).__name__} names no decoder layers "
+                         "(_no_split_modules) to compile; use learner.compile=false")
     for layer in layers:
         layer.compile(dynamic=True)

@@ -1,14 +1,14 @@
-"""Launching rlvr across processes: `rlvr train ... trainer.nproc_per_node=N` starts a worker group of
+"""Launching rlvr across processes: `rlvr train ... launch.nproc_per_node=N` starts a worker group of
 N ranks through torch's elastic launcher (the API behind torchrun); running the CLI under `torchrun`
 yourself works too (`run` joins the group torchrun made). What each rank then does: rlvr.distributed.
 
 Failures: a rank that raises exits at once with code 1, after logging why; one that dies or hangs
-(a collective waits at most trainer.dist_timeout_s) does too, so the launcher sees a failed rank,
+(a collective waits at most launch.dist_timeout_s) does too, so the launcher sees a failed rank,
 stops the others and reports which rank failed and the last complete checkpoint. Ctrl-C (or SIGTERM,
 e.g. a scheduler's time limit) reaches the launcher alone (each rank has a process group of its own),
 which passes it on to every rank and goes on watching them: each finishes its step, rank 0 writes a
 checkpoint, and all exit, however long the step takes (each collective waits at most
-trainer.dist_timeout_s). A second Ctrl-C stops the ranks at once.
+launch.dist_timeout_s). A second Ctrl-C stops the ranks at once.
 """
 
 from __future__ import annotations
@@ -29,13 +29,13 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from omegaconf import DictConfig, OmegaConf
 
 from rlvr import models
 from rlvr.checkpoint import complete_checkpoints
-from rlvr.config import check
+from rlvr.config import TrainConfig, check
 from rlvr.distributed import on_rank0, rank, timed_out
 from rlvr.errors import RlvrError
+from rlvr.logging import Harmless
 from rlvr.rundir import GracefulStop
 
 log = logging.getLogger("rlvr")
@@ -55,13 +55,13 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def run(fn: Callable[[DictConfig, Path], dict], cfg: DictConfig, run_dir: Path,
+def run(fn: Callable[[TrainConfig, Path], dict], cfg: TrainConfig, run_dir: Path,
         discard: Callable[[Path], None] = lambda _: None) -> dict:
-    """`fn(cfg, run_dir)` (rlvr.train.train) in this process, or across the ranks `cfg.trainer` asks for.
+    """`fn(cfg, run_dir)` (rlvr.train.train) in this process, or across the ranks `cfg.launch` asks for.
 
     Under torchrun (its environment, no process group yet) this process is one rank: it joins the
     group, takes rank 0's run dir (each rank's Hydra may have made its own; `discard` removes this
-    rank's if nothing was written there) and runs. With trainer.nproc_per_node * nnodes > 1 it
+    rank's if nothing was written there) and runs. With launch.nproc_per_node * nnodes > 1 it
     launches the worker group and waits for it (`launch`). Otherwise it simply runs `fn`.
     """
     if "LOCAL_RANK" in os.environ and not dist.is_initialized():
@@ -70,23 +70,23 @@ def run(fn: Callable[[DictConfig, Path], dict], cfg: DictConfig, run_dir: Path,
         if agreed.resolve() != run_dir.resolve():
             discard(run_dir)
         return _run_rank(fn, cfg, agreed)
-    if cfg.trainer.nproc_per_node * cfg.trainer.nnodes > 1:
+    if cfg.launch.nproc_per_node * cfg.launch.nnodes > 1:
         check(cfg)  # a config that cannot work fails here, once, rather than on every rank
         models.resolve(cfg.model, Path(cfg.cache_dir))  # a model to build is built once, on each node
         return launch(fn, cfg, run_dir)
     return fn(cfg, run_dir)
 
 
-def launch(fn: Callable[[DictConfig, Path], dict], cfg: DictConfig, run_dir: Path) -> dict:
-    """Run `fn` on trainer.nproc_per_node ranks on this machine (trainer.nnodes machines in all) with
-    torch's elastic launcher, and wait for them. The config is resolved once, here, and every rank
-    gets the same (so `${now:...}` names one run dir). One rank that fails or dies stops the group;
+def launch(fn: Callable[[TrainConfig, Path], dict], cfg: TrainConfig, run_dir: Path) -> dict:
+    """Run `fn` on launch.nproc_per_node ranks on this machine (launch.nnodes machines in all) with
+    torch's elastic launcher, and wait for them. Every rank gets this typed config, resolved once at
+    the entry (so `${now:...}` names one run dir). One rank that fails or dies stops the group;
     the error names it and the last complete checkpoint. Returns the final evaluation (summary.json)."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    t = cfg.trainer
+    t = cfg.launch
     endpoint = t.rdzv_endpoint or f"127.0.0.1:{_free_port()}"
     config = LaunchConfig(min_nodes=t.nnodes, max_nodes=t.nnodes, nproc_per_node=t.nproc_per_node,
                           run_id=f"rlvr-{secrets.token_hex(4)}", rdzv_backend="static", rdzv_endpoint=endpoint,
@@ -96,10 +96,9 @@ def launch(fn: Callable[[DictConfig, Path], dict], cfg: DictConfig, run_dir: Pat
     log_file = next((h.baseFilename for h in logging.root.handlers if isinstance(h, logging.FileHandler)), None)
     log.info("launching %d ranks (%d per node, %d nodes; this is node %d, rendezvous at %s)",
              t.nproc_per_node * t.nnodes, t.nproc_per_node, t.nnodes, t.node_rank, endpoint)
-    resolved = OmegaConf.to_yaml(cfg, resolve=True)
     stop = _PassSignalsOn()
     try:
-        elastic_launch(config, _worker)(fn, resolved, str(run_dir), log_file)
+        elastic_launch(config, _worker)(fn, cfg, str(run_dir), log_file)
     except KeyboardInterrupt:  # a second signal; the ranks were stopped (a checkpoint is renamed into place
         # when complete, so none is left half-written)
         log.warning("stopped by a second %s: the ranks were stopped at once, without finishing their step. %s",
@@ -116,7 +115,7 @@ def launch(fn: Callable[[DictConfig, Path], dict], cfg: DictConfig, run_dir: Pat
         if failure.exitcode == TIMED_OUT:  # it waited for the others; the hung ones are those still running
             mine = range(t.node_rank * t.nproc_per_node, (t.node_rank + 1) * t.nproc_per_node)
             silent = [r for r in mine if r not in e.failures]
-            how = (f"gave up waiting for the other ranks after trainer.dist_timeout_s={t.dist_timeout_s:g} s"
+            how = (f"gave up waiting for the other ranks after launch.dist_timeout_s={t.dist_timeout_s:g} s"
                    + (f" (rank {', '.join(map(str, silent))} of this node never joined that collective: hung?)"
                       if silent else ""))
         raise DistributedError(f"rank {failed} (pid {failure.pid}) {how}; the other ranks were stopped. "
@@ -156,7 +155,7 @@ def _left_on_disk(run_dir: Path) -> str:
             f"trainer.resume=auto hydra.run.dir={run_dir}")
 
 
-def _join(cfg: DictConfig) -> None:
+def _join(cfg: TrainConfig) -> None:
     """Join the process group of the launcher's environment (RANK, WORLD_SIZE, MASTER_ADDR...),
     giving this rank its share of the machine's cores."""
     # A process group of its own: a terminal's Ctrl-C then reaches the launcher alone, which passes it on
@@ -164,18 +163,18 @@ def _join(cfg: DictConfig) -> None:
     with contextlib.suppress(OSError):
         os.setpgid(0, 0)
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    if cfg.trainer.num_threads is None and local_world > 1:  # before the engine starts: vLLM pins its threads
+    if cfg.launch.num_threads is None and local_world > 1:  # before the engine starts: vLLM pins its threads
         torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // local_world))
     backend = "gloo"
-    if cfg.trainer.device in ("auto", "cuda") and torch.cuda.is_available():
+    if cfg.launch.device in ("auto", "cuda") and torch.cuda.is_available():
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
         backend = "nccl"
-    dist.init_process_group(backend, timeout=timedelta(seconds=cfg.trainer.dist_timeout_s))
+    dist.init_process_group(backend, timeout=timedelta(seconds=cfg.launch.dist_timeout_s))
     if rank() != 0:  # one voice: rank 0 says what the run does; the others only what fails
         logging.getLogger("rlvr").setLevel(logging.ERROR)
 
 
-def _run_rank(fn: Callable[[DictConfig, Path], dict], cfg: DictConfig, run_dir: Path) -> dict:
+def _run_rank(fn: Callable[[TrainConfig, Path], dict], cfg: TrainConfig, run_dir: Path) -> dict:
     """`fn` as one rank; then leave the group. A rank that fails exits at once (the launcher stops the
     others): waiting in a collective for peers that went on would hang. One that succeeds returns (the
     elastic launcher waits for its return value) and ends without the interpreter's teardown."""
@@ -189,8 +188,8 @@ def _run_rank(fn: Callable[[DictConfig, Path], dict], cfg: DictConfig, run_dir: 
         code = e.code if isinstance(e.code, int) else 1
     except BaseException as e:
         if timed_out(e):
-            log.error("rank %d: a collective waited trainer.dist_timeout_s=%g s for the other ranks: %s", me,
-                      cfg.trainer.dist_timeout_s, e)
+            log.error("rank %d: a collective waited launch.dist_timeout_s=%g s for the other ranks: %s", me,
+                      cfg.launch.dist_timeout_s, e)
             code = TIMED_OUT
         else:
             log.exception("rank %d failed", me)
@@ -210,13 +209,14 @@ def _run_rank(fn: Callable[[DictConfig, Path], dict], cfg: DictConfig, run_dir: 
     return {}
 
 
-def _worker(fn: Callable[[DictConfig, Path], dict], resolved: str, run_dir: str, log_file: str | None) -> None:
-    """The entry point of each rank that `launch` starts (a fresh interpreter)."""
-    cfg = OmegaConf.create(resolved)
+def _worker(fn: Callable[[TrainConfig, Path], dict], cfg: TrainConfig, run_dir: str, log_file: str | None) -> None:
+    """The entry point of each rank that `launch` starts (a fresh interpreter; `cfg` comes pickled)."""
     _join(cfg)
     prefix = "" if rank() == 0 else f"[rank {rank()}] "
     formatter = logging.Formatter(f"[%(asctime)s][%(name)s][%(levelname)s] - {prefix}%(message)s")
-    handlers: list[logging.Handler] = [logging.StreamHandler()]
+    console = logging.StreamHandler()
+    console.addFilter(Harmless())
+    handlers: list[logging.Handler] = [console]
     if log_file:
         handlers.append(logging.FileHandler(log_file))
     for handler in handlers:

@@ -9,12 +9,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import torch
-from omegaconf import DictConfig
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rlvr import distributed
 from rlvr.algorithms.losses import Normaliser, tis_weight
 from rlvr.algorithms.objective import PolicyLossConfig, policy_loss
+from rlvr.config import AlgorithmConfig, LearnerConfig, LoraConfig, OptimConfig
 from rlvr.kernels import attention_kernel, attention_kernels, compile_choice, compile_layers, decoder_layers
 from rlvr.logprobs import token_logprobs
 from rlvr.lora import merged_weights, with_adapters
@@ -53,7 +53,7 @@ def make_batch(rollouts: list[Rollout], pad_id: int, mask_truncated: bool = Fals
 
 
 def shared_prefix_choice(setting: str | bool, model_type: str, group_size: int) -> tuple[bool, str]:
-    """Whether the learner forwards each group's prompt once (`trainer.shared_prefix`), and why."""
+    """Whether the learner forwards each group's prompt once (`learner.shared_prefix`), and why."""
     if setting is True or setting is False:
         return setting, "as configured"
     if model_type not in TESTED:
@@ -79,7 +79,7 @@ def tied_names(model: torch.nn.Module) -> set[str]:
     return ({n for n, _ in model.named_parameters(remove_duplicate=False)} - {n for n, _ in model.named_parameters()})
 
 
-def make_optimizer(model: torch.nn.Module, optim: DictConfig):
+def make_optimizer(model: torch.nn.Module, optim: OptimConfig):
     """AdamW over what trains (every weight, or with LoRA the adapters alone: only they get optimizer
     state), and its schedule: linear warmup over `optim.warmup_steps` RL steps, then constant.
     torch's fused AdamW: one pass over each tensor instead of one per operation (on SmolLM2 on the
@@ -96,9 +96,9 @@ class Learner:
     """A transformers causal LM trained with AdamW on float32 master weights (computing in bf16 under
     `precision` bf16-mixed); a frozen copy serves as the KL reference when used."""
 
-    def __init__(self, model_path: Path, optim: DictConfig, algorithm: DictConfig, trainer: DictConfig,
+    def __init__(self, model_path: Path, optim: OptimConfig, algorithm: AlgorithmConfig, learner: LearnerConfig,
                  temperature: float, max_tokens: int, device: str, precision: Precision | None = None,
-                 reference_path: Path | None = None, lora: DictConfig | None = None,
+                 reference_path: Path | None = None, lora: LoraConfig | None = None,
                  adapter_path: Path | None = None):
         """`model_path`: the policy to train (a resumed run's checkpoint); `reference_path`: the initial
         model a KL term is measured against (default: `model_path`); `precision`: fp32 when None.
@@ -110,7 +110,7 @@ class Learner:
         self.tied = tied_names(self.model)
         self.model = self._wrap(self.model, lora, adapter_path, device)
         self.device = device
-        self.algo, self.optim_cfg, self.trainer = algorithm, optim, trainer
+        self.algo, self.optim_cfg, self.learner = algorithm, optim, learner
         self.temperature, self.max_tokens = temperature, max_tokens
         # The KL reference: with LoRA the base model with its adapters switched off, else a frozen copy.
         self.ref = None
@@ -118,20 +118,20 @@ class Learner:
             self.ref = AutoModelForCausalLM.from_pretrained(reference_path or model_path, dtype=torch.float32)
             self.ref.to(device).eval().requires_grad_(False)
         self.optimizer, self.scheduler = make_optimizer(self.model, optim)
-        self.shared_prefix, why = shared_prefix_choice(trainer.shared_prefix, self.model.config.model_type,
+        self.shared_prefix, why = shared_prefix_choice(learner.shared_prefix, self.model.config.model_type,
                                                        algorithm.group_size)
         self.bf16 = precision is not None and precision.bf16
-        self.compiled, compile_why = compile_choice(trainer.compile, self.bf16, device)
+        self.compiled, compile_why = compile_choice(learner.compile, self.bf16, device)
         if self.compiled:
             compile_layers(self.model)
         # The sampler/learner mismatch is larger in bf16: there the old policy defaults to the learner's
         # own logprobs, with TIS weights capped at 2, unless algorithm.tis_cap says otherwise.
         self.tis_cap = algorithm.tis_cap if algorithm.tis_cap is not None or not self.bf16 else 2.0
         self.objective = PolicyLossConfig.of(algorithm)
-        log.info("learner: %s, %s (float32 master weights); shared-prefix forward %s (trainer.shared_prefix=%s: "
-                 "%s); decoder layers %s (trainer.compile=%s: %s)%s", device, "bf16-mixed" if self.bf16 else "fp32",
-                 "on" if self.shared_prefix else "off", trainer.shared_prefix, why,
-                 "compiled, the first step compiling them" if self.compiled else "eager", trainer.compile,
+        log.info("learner: %s, %s (float32 master weights); shared-prefix forward %s (learner.shared_prefix=%s: "
+                 "%s); decoder layers %s (learner.compile=%s: %s)%s", device, "bf16-mixed" if self.bf16 else "fp32",
+                 "on" if self.shared_prefix else "off", learner.shared_prefix, why,
+                 "compiled, the first step compiling them" if self.compiled else "eager", learner.compile,
                  compile_why, "; TIS cap 2.0 for the bf16 mismatch" if self.tis_cap != algorithm.tis_cap else "")
         self.tokens = 0  # tokens through a model this step (see `step`)
         # Across processes a rank with fewer micro-batches than the others (or none: DAPO may keep fewer
@@ -139,7 +139,7 @@ class Learner:
         self.idle = make_batch([Rollout(Prompt([], ""), 0, [self.pad_id], [self.pad_id], [0.0], "", "stop")],
                                self.pad_id)
 
-    def _wrap(self, model: torch.nn.Module, lora: DictConfig | None, adapter_path: Path | None,
+    def _wrap(self, model: torch.nn.Module, lora: LoraConfig | None, adapter_path: Path | None,
               device: str) -> torch.nn.Module:
         """The loaded model as it trains: with LoRA adapters (frozen base), on `device`, and across
         processes sharded by FSDP2 (each rank holding a shard of every weight)."""
@@ -227,19 +227,19 @@ class Learner:
         rows = torch.arange(len(batch)) if rows is None else rows
         model = self.ref if reference and not self.lora else self.model
         with self.model.disable_adapter() if reference and self.lora else contextlib.nullcontext():
-            starts = range(0, len(rows), self.trainer.micro_batch_size)
+            starts = range(0, len(rows), self.learner.micro_batch_size)
             for k in range(int(distributed.global_max(len(starts)))):  # as many passes as every other rank
                 if k >= len(starts):
                     self._forward(model, self.idle)  # nothing left here: a pass to match theirs
                     continue
-                sel = rows[starts[k] : starts[k] + self.trainer.micro_batch_size]
+                sel = rows[starts[k] : starts[k] + self.learner.micro_batch_size]
                 logp, _, width = self._forward(model, batch.select(sel))
                 out[sel, : width - 1] = logp.cpu()
         return out
 
     def step(self, batch: Batch) -> dict[str, float]:
         """Train on one batch: `ppo_epochs` passes, each split into `mini_batches` optimizer steps,
-        each accumulating gradients over micro-batches of `trainer.micro_batch_size` sequences.
+        each accumulating gradients over micro-batches of `learner.micro_batch_size` sequences.
 
         The old policy of the ratio is the sampler's logprobs; with `tis_cap` it is the learner's own
         logprobs before the update, and each token is weighted by min(learner_old / sampler, tis_cap).
@@ -312,13 +312,13 @@ class Learner:
             rows = rows[batch.advantages != 0]
         self.optimizer.zero_grad(set_to_none=True)
         out = dict.fromkeys(("loss", "kl", "clipped", "tokens", "mismatch_sum", "mismatch_max"), 0.0)
-        starts = range(0, len(rows), self.trainer.micro_batch_size)
+        starts = range(0, len(rows), self.learner.micro_batch_size)
         for k in range(int(distributed.global_max(len(starts)))):  # as many passes as every other rank
             if k >= len(starts):  # nothing left here: a forward and backward at zero weight, to match theirs
                 logp, _, _ = self._forward(self.model, self.idle)
                 (logp.sum() * 0.0).backward()
                 continue
-            sel = rows[starts[k] : starts[k] + self.trainer.micro_batch_size]
+            sel = rows[starts[k] : starts[k] + self.learner.micro_batch_size]
             part = batch.select(sel)
             logp, mask, width = self._forward(self.model, part)  # [n, t]
             sampler = part.old_logprobs[:, : width - 1].to(self.device)  # [n, t]

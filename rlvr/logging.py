@@ -15,7 +15,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -25,18 +25,43 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
+from rlvr.config import TrainConfig
+
 log = logging.getLogger("rlvr")
+
+
+class Harmless(logging.Filter):
+    """Keeps off the console the warnings vLLM gives at every start that say nothing to an rlvr user
+    (each is in train.log, and docs/checkpoints.md, "What the console shows", says why it is harmless): settings
+    rlvr chose on purpose (chunked prefill off, eager mode, the seed), optional speed-ups of vLLM's own
+    (tcmalloc and Intel's OpenMP preloaded, Triton for the CPU) and choices it made for itself."""
+
+    MESSAGES = (
+        "Triton is installed, but doesn't include CPU backend", "Triton is not installed. triton-cpu",
+        "The global random seed is set to", "does not officially support disabling chunked prefill",
+        "Enforce eager set, disabling torch.compile", "Inductor compilation was disabled by user settings",
+        "Reset SSM cache type to float32", "Model Runner V2 requires Triton", "is not found in LD_PRELOAD",
+    )
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not record.name.startswith("vllm") or record.levelno >= logging.ERROR:
+            return True
+        message = record.getMessage()
+        return not any(m in message for m in self.MESSAGES)
 
 
 def console_handler() -> logging.Handler:
     """The console's log handler (configs/hydra/job_logging/rich.yaml): rich on a terminal, so the
-    progress bar and the lines share the screen; plain unwrapped lines when piped to a file or CI."""
+    progress bar and the lines share the screen; plain unwrapped lines when piped to a file or CI.
+    vLLM's harmless start-up warnings stay off it (`Harmless`)."""
     if sys.stderr.isatty():
         from rich.logging import RichHandler
 
-        return RichHandler(show_path=False, markup=False)
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("[%(asctime)s][%(levelname)s] %(message)s", "%H:%M:%S"))
+        handler: logging.Handler = RichHandler(show_path=False, markup=False)
+    else:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("[%(asctime)s][%(levelname)s] %(message)s", "%H:%M:%S"))
+    handler.addFilter(Harmless())
     return handler
 
 
@@ -61,7 +86,7 @@ def _git_commit() -> str | None:
         return None
 
 
-def manifest(cfg: DictConfig, model_path: Path, device: str) -> dict[str, Any]:
+def manifest(cfg: TrainConfig, model_path: Path, device: str) -> dict[str, Any]:
     return {
         "versions": {
             "rlvr": _version("rlvr"),
@@ -90,10 +115,10 @@ class Logger:
                ("clip_frac", "clip"), ("grad_norm", "gnorm"), ("sync/logprob_max_diff", "canary"),
                ("time/step_s", "s"), ("eval/accuracy", "eval acc"), ("eval/reward/mean", "eval reward"))
 
-    def __init__(self, run_dir: Path, cfg: DictConfig, total_steps: int):
+    def __init__(self, run_dir: Path, cfg: TrainConfig, total_steps: int):
         self.run_dir = run_dir
         run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+        (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
         self.metrics_file = open(run_dir / "metrics.jsonl", "a")  # noqa: SIM115 - closed in close()
         self.wandb = None
         if cfg.logger.wandb:
@@ -102,7 +127,7 @@ class Logger:
             except ImportError as e:
                 raise ImportError("logger=wandb needs the wandb package: pip install 'rlvr[wandb]'") from e
             self.wandb = wandb.init(project=cfg.logger.project, name=cfg.logger.name, mode=cfg.logger.mode,
-                                    dir=str(run_dir), config=OmegaConf.to_container(cfg, resolve=True))
+                                    dir=str(run_dir), config=OmegaConf.to_container(OmegaConf.structured(cfg), enum_to_str=True))
         self.progress = Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
                                  TextColumn("{task.fields[status]}"), TimeElapsedColumn(), TimeRemainingColumn())
         self.task = self.progress.add_task("train", total=total_steps, status="")
@@ -153,7 +178,7 @@ class Logger:
 
 
 class NullLogger:
-    """The logger of ranks other than 0 (trainer.nproc_per_node > 1): rank 0 writes for all."""
+    """The logger of ranks other than 0 (launch.nproc_per_node > 1): rank 0 writes for all."""
 
     def write_manifest(self, info: dict[str, Any]) -> None:
         pass

@@ -6,12 +6,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import torch
-from omegaconf import DictConfig
 
+from rlvr.config import LoraConfig
 from rlvr.models import ModelError
 
 
-def with_adapters(model: torch.nn.Module, lora: DictConfig, adapter_path: Path | None) -> torch.nn.Module:
+def with_adapters(model: torch.nn.Module, lora: LoraConfig, adapter_path: Path | None) -> torch.nn.Module:
     """`model` with LoRA adapters (peft): trainable adapters on `lora.target_modules`, base frozen;
     loaded from `adapter_path` when given, else freshly initialised (B = 0: the policy starts as the base)."""
     from peft import LoraConfig, PeftModel, get_peft_model

@@ -62,13 +62,20 @@ def peak_memory(device: str) -> dict[str, float]:
 
 @dataclass
 class StepTimes:
-    """Seconds of each phase of a step; `step` is the whole step, the others its parts."""
+    """Seconds of each phase of a step; `step` is the whole step, the others its parts (what none of
+    them holds, the step's bookkeeping, is logged as time/other_s)."""
 
-    rollout: float = 0.0  # generation (every round of dynamic sampling)
-    reward: float = 0.0  # scoring and shaping
+    prompts: float = 0.0  # drawing prompts and fitting them to the context (every round of dynamic sampling)
+    rollout: float = 0.0  # generation (every round)
+    reward: float = 0.0  # scoring and shaping (every round)
     learn: float = 0.0  # the policy update
     sync: float = 0.0  # weights into the engine
+    canary: float = 0.0  # the check that the engine serves them
     step: float = 0.0
+
+    def named(self) -> dict[str, float]:
+        return {"prompts": self.prompts, "rollout": self.rollout, "reward": self.reward, "learn": self.learn,
+                "sync": self.sync, "canary": self.canary}
 
 
 @dataclass
@@ -105,7 +112,8 @@ class StepMetrics:
             "groups/extra_rounds": float(self.extra_rounds),
             "data/dropped_prompts": float(self.dropped_prompts),
             "sync/logprob_max_diff": self.canary_diff,
-            "time/rollout_s": t.rollout, "time/reward_s": t.reward, "time/learn_s": t.learn, "time/sync_s": t.sync,
+            **{f"time/{phase}_s": seconds for phase, seconds in t.named().items()},
+            "time/other_s": t.step - sum(t.named().values()),
             "time/step_s": t.step,
             "tokens_per_s": self.tokens / t.rollout if t.rollout else 0.0,
             **self.memory,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import textwrap
 import time
 from pathlib import Path
 
@@ -27,7 +28,8 @@ PANELS = [
     ("entropy/sampled", "entropy of the sampled tokens (nats)"),
     ("curriculum/level", "curriculum level"),
 ]
-TIMES = ["time/rollout_s", "time/reward_s", "time/learn_s", "time/sync_s"]
+# The phases of a step (rlvr.metrics.StepTimes), stacked: together they are time/step_s.
+TIMES = [f"time/{phase}_s" for phase in ("prompts", "rollout", "reward", "learn", "sync", "canary", "other")]
 
 
 def read_metrics(run_dir: Path) -> list[dict]:
@@ -73,8 +75,9 @@ def plot(run_dirs: list[Path], out: Path) -> Path:
         drawn = False
         for label, records in runs:
             steps, values = series(records, key)
-            if values:
-                ax.plot(steps, values, marker="o" if key.startswith("eval/") else None, markersize=3, label=label)
+            if values:  # (a marker for evaluations, and for a metric logged once or twice: a line alone shows nothing)
+                marker = "o" if key.startswith("eval/") or len(values) <= 2 else None
+                ax.plot(steps, values, marker=marker, markersize=3, label=textwrap.fill(label, 70))
                 drawn = True
         if not drawn:
             ax.text(0.5, 0.5, "not logged in these runs", ha="center", va="center", transform=ax.transAxes)
@@ -89,7 +92,7 @@ def plot(run_dirs: list[Path], out: Path) -> Path:
         if values:
             ax.bar(steps, values, bottom=bottom, label=key.removeprefix("time/").removesuffix("_s"))
             bottom = values if bottom is None else [b + v for b, v in zip(bottom, values, strict=True)]
-    ax.set_title("seconds per step" + (f" ({label})" if len(runs) > 1 else ""))
+    ax.set_title("seconds per step" + (f"\n({textwrap.shorten(label, 45)})" if len(runs) > 1 else ""), fontsize=10)
     ax.set_xlabel("step")
     ax.legend(fontsize=8)
     handles, names = axes.flat[0].get_legend_handles_labels()

@@ -1,6 +1,6 @@
 """Which precision the learner computes in and which dtype the engine serves, and why.
 
-Master weights and optimizer state are always float32. `trainer.precision`:
+Master weights and optimizer state are always float32. `learner.precision`:
 - `fp32`: everything in float32.
 - `bf16-mixed`: the learner's forward and backward run under bf16 autocast (matmuls in bf16, the
   float32 master weights cast per op); logprobs and the loss are computed in float32 from the logits.
@@ -29,8 +29,8 @@ log = logging.getLogger("rlvr")
 PRECISIONS = ("auto", "fp32", "bf16-mixed")
 ENGINE_DTYPES = ("auto", "float32", "bfloat16")
 BF16_FLAGS = ("avx512_bf16", "amx_bf16")
-# Canary tolerance per engine dtype when rollout.canary_tol is null (scripts/canary_tolerance.py, README,
-# Mixed precision). float32: between the honest difference (<= 7e-5 on SmolLM2) and one missed sync
+# Canary tolerance per engine dtype when rollout.canary_tol is null (scripts/canary_tolerance.py,
+# docs/precision.md). float32: between the honest difference (<= 7e-5 on SmolLM2) and one missed sync
 # (>= 0.17). bfloat16: the honest difference (kernels that round differently) reached 0.81 in 30-step
 # runs of SmolLM2 and overlaps one missed sync (0.31-1.5), so the tolerance only stops an engine that
 # is grossly off (a wrong model, a prefix cache stale for many steps); a missed sync is caught in every
@@ -53,7 +53,7 @@ class DeviceError(RlvrError, RuntimeError):
 
 
 def pick_device(name: str) -> str:
-    """The device of `trainer.device`: auto is cuda when torch sees a GPU, else mps on Apple
+    """The device of `launch.device`: auto is cuda when torch sees a GPU, else mps on Apple
     silicon, else cpu."""
     import torch  # here, not at import: rlvr.config reads this module before anything heavy loads
 
@@ -61,12 +61,12 @@ def pick_device(name: str) -> str:
     if name == "auto":
         return "cuda" if torch.cuda.is_available() else "mps" if mps else "cpu"
     if name == "cuda" and not torch.cuda.is_available():
-        raise DeviceError("trainer.device=cuda, but torch sees no GPU (is the CPU build of torch installed?); "
-                          f"this machine has {'mps and ' if mps else ''}cpu: use trainer.device=cpu or auto")
+        raise DeviceError("launch.device=cuda, but torch sees no GPU (is the CPU build of torch installed?); "
+                          f"this machine has {'mps and ' if mps else ''}cpu: use launch.device=cpu or auto")
     if name == "mps" and not mps:
-        raise DeviceError("trainer.device=mps, but this machine has no Apple-silicon GPU that torch can use; "
+        raise DeviceError("launch.device=mps, but this machine has no Apple-silicon GPU that torch can use; "
                           f"this machine has {'cuda and ' if torch.cuda.is_available() else ''}cpu: "
-                          "use trainer.device=cpu or auto")
+                          "use launch.device=cpu or auto")
     return name
 
 
@@ -83,7 +83,7 @@ class Precision:
 
 
 def resolve(precision: str, engine_dtype: str, canary_tol: float | None, device: str) -> Precision:
-    """The precision of a run on `device` from `trainer.precision`, `rollout.dtype` and
+    """The precision of a run on `device` from `learner.precision`, `rollout.dtype` and
     `rollout.canary_tol` (null: the measured tolerance of the engine's dtype)."""
     flags = cpu_bf16_flags() if device == "cpu" else []
     if precision == "auto":
@@ -94,9 +94,9 @@ def resolve(precision: str, engine_dtype: str, canary_tol: float | None, device:
         else:
             learner, why = "fp32", f"auto: this {device.upper()} shows no bf16 unit ({' / '.join(BF16_FLAGS)})"
     else:
-        learner, why = precision, f"trainer.precision={precision}"
+        learner, why = precision, f"learner.precision={precision}"
         if precision == "bf16-mixed" and device == "cpu" and not flags:
-            log.warning("trainer.precision=bf16-mixed on a CPU without %s: bf16 is emulated here and will be "
+            log.warning("learner.precision=bf16-mixed on a CPU without %s: bf16 is emulated here and will be "
                         "slower than fp32", " or ".join(BF16_FLAGS))
     dtype = engine_dtype if engine_dtype != "auto" else ("bfloat16" if learner == "bf16-mixed" else "float32")
     tol = canary_tol if canary_tol is not None else CANARY_TOL[dtype]

@@ -17,10 +17,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from omegaconf import DictConfig
 
 from rlvr import checkpoint, distributed, models, rundir
-from rlvr.config import check
+from rlvr.config import TrainConfig, check
 from rlvr.data import Task, build_task
 from rlvr.host import keep_freed_memory
 from rlvr.logging import Logger, NullLogger, manifest
@@ -41,7 +40,7 @@ CANARY_ANSWER = " <answer>42</answer>"
 class Run:
     """The parts of a run, built by `build`; `close` releases them (engine, reward workers, logger)."""
 
-    cfg: DictConfig
+    cfg: TrainConfig
     device: str
     precision: Precision
     model_path: Path  # the model the run starts from (and the KL reference)
@@ -66,25 +65,25 @@ class Run:
         self.logger.close()
 
 
-def build(cfg: DictConfig, run_dir: Path, training: bool = True) -> Run:
+def build(cfg: TrainConfig, run_dir: Path, training: bool = True) -> Run:
     """Check `cfg` and build the run's parts. `training`: also the learner, the run dir, the logger
     and the weight-sync canary, and a resumed run's state; else (`rlvr eval`) only what generates
     and scores. Across processes every rank builds its own (rank 0 alone writes into `run_dir`)."""
     check(cfg, training=training)
-    device = pick_device(cfg.trainer.device)
+    device = pick_device(cfg.launch.device)
     check_backend(cfg.rollout.backend, device)
     rewards = Rewards(cfg.reward, device)
     with _closed_on_error(rewards.close):
-        tools = build_tools(cfg)
+        tools = build_tools(cfg.tools, cfg.rollout)
         model_path = models.resolve(cfg.model, Path(cfg.cache_dir))
         task = build_task(cfg, model_path)
-        precision = resolve_precision(cfg.trainer.precision, cfg.rollout.dtype, cfg.rollout.canary_tol, device)
-        log.info("device %s (trainer.device=%s), %s engine; precision: learner %s, engine %s, canary tolerance %g "
-                 "(%s)", device, cfg.trainer.device, cfg.rollout.backend, precision.learner, precision.engine_dtype,
+        precision = resolve_precision(cfg.learner.precision, cfg.rollout.dtype, cfg.rollout.canary_tol, device)
+        log.info("device %s (launch.device=%s), %s engine; precision: learner %s, engine %s, canary tolerance %g "
+                 "(%s)", device, cfg.launch.device, cfg.rollout.backend, precision.learner, precision.engine_dtype,
                  precision.canary_tol, precision.why)
         check_memory(cfg.rollout, model_path, precision.engine_dtype, device)
-        if cfg.trainer.num_threads is not None:  # before the engine starts: vLLM pins its threads
-            torch.set_num_threads(cfg.trainer.num_threads)
+        if cfg.launch.num_threads is not None:  # before the engine starts: vLLM pins its threads
+            torch.set_num_threads(cfg.launch.num_threads)
         if not training:
             from transformers import AutoTokenizer
 
@@ -101,18 +100,17 @@ def build(cfg: DictConfig, run_dir: Path, training: bool = True) -> Run:
         np.random.seed(cfg.seed)
         torch.manual_seed(cfg.seed)
         resume = checkpoint.find(cfg.trainer.resume, run_dir)
+        auto = cfg.trainer.resume == "auto"
+        # A run dir that holds another run is refused before the learner loads (every rank stops alike);
+        # it is written to only once everything that can fail on bad input has passed.
+        distributed.on_rank0(rundir.refuse, run_dir, resume, cfg.trainer.overwrite, auto)
         learner = _learner(cfg, model_path, resume, device, precision)
         # Every prompt is checked against the engine's context before the engine starts.
         fit = PromptFit(learner.tokenizer, cfg.rollout.max_model_len, cfg.rollout.max_tokens, tools)
         run = Run(cfg, device, precision, model_path, task, rewards, learner.tokenizer, fit,
                   *fit.eval_prompts(task.eval_prompts()), learner=learner, resume=resume)
         fit.probe(task, cfg.data.batch_size)
-
-        def start_run_dir() -> None:  # the first write into the run dir
-            run_dir.mkdir(parents=True, exist_ok=True)
-            rundir.prepare(run_dir, resume, cfg.trainer.overwrite, auto_resume=cfg.trainer.resume == "auto")
-
-        distributed.on_rank0(start_run_dir)  # every rank stops alike if the run dir is refused
+        distributed.on_rank0(rundir.prepare, run_dir, resume, cfg.trainer.overwrite, auto)  # the first write
         run.logger = Logger(run_dir, cfg, cfg.trainer.max_steps) if distributed.rank() == 0 else NullLogger()
     with _closed_on_error(run.close):
         run.logger.write_manifest({
@@ -132,14 +130,14 @@ def build(cfg: DictConfig, run_dir: Path, training: bool = True) -> Run:
         return run
 
 
-def _learner(cfg: DictConfig, model_path: Path, resume: Path | None, device: str, precision: Precision):
+def _learner(cfg: TrainConfig, model_path: Path, resume: Path | None, device: str, precision: Precision):
     """The learner of `model_path`, or of a resumed run's checkpoint. With LoRA it is the base model
     plus the adapter (the checkpoint's); the engine serves merged weights."""
     from rlvr.learner import Learner  # (torch and transformers' model code: only for training)
 
     lora = cfg.model.lora if cfg.model.lora.r > 0 else None
     policy_path = resume / "model" if resume else model_path
-    return Learner(model_path if lora else policy_path, cfg.optim, cfg.algorithm, cfg.trainer,
+    return Learner(model_path if lora else policy_path, cfg.optim, cfg.algorithm, cfg.learner,
                    cfg.rollout.temperature, cfg.rollout.max_tokens, device, precision, reference_path=model_path,
                    lora=lora, adapter_path=checkpoint.adapter(resume, lora is not None) if resume else None)
 

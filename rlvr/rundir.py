@@ -44,28 +44,69 @@ class GracefulStop:
             signal.signal(s, handler)
 
 
+def refuse(run_dir: Path, resume: Path | None, overwrite: bool, auto_resume: bool = False) -> None:
+    """Refuse a run dir that holds another run, unless resuming or told to overwrite. `auto_resume`: the
+    user asked for trainer.resume=auto (and the run dir holds no checkpoint, or `resume` would be set)."""
+    if resume is None and not overwrite and (run_dir / "metrics.jsonl").exists():
+        raise RunDirError(_held(run_dir, auto_resume))
+
+
 def prepare(run_dir: Path, resume: Path | None, overwrite: bool, auto_resume: bool = False) -> None:
-    """Refuse a run dir that holds another run (unless resuming or told to overwrite); on resume,
-    put back the metrics of the checkpoint (steps after it will be run again). `auto_resume`: the
-    user asked for trainer.resume=auto and the run dir holds no checkpoint."""
+    """Make `run_dir` ready for this run (after `refuse`, which it repeats): on resume, put back the
+    metrics of the checkpoint (steps after it will be run again); with overwrite, remove the old
+    run's outputs and checkpoints."""
+    refuse(run_dir, resume, overwrite, auto_resume)
+    run_dir.mkdir(parents=True, exist_ok=True)
     metrics = run_dir / "metrics.jsonl"
     if resume is not None:
         tmp = metrics.with_suffix(".jsonl.tmp")
         shutil.copyfile(resume / "metrics.jsonl", tmp)
         os.replace(tmp, metrics)
     elif metrics.exists():
-        if not overwrite and auto_resume:
-            raise RunDirError(
-                f"trainer.resume=auto: {run_dir} holds a run (metrics.jsonl) but no complete checkpoint to resume "
-                "from (checkpoints are written every trainer.save_every steps; 0 writes none). Start over with "
-                "trainer.overwrite=true, or choose another hydra.run.dir.")
-        if not overwrite:
-            raise RunDirError(
-                f"{run_dir} already holds a run (metrics.jsonl). Continue it with trainer.resume=auto, "
-                "start over with trainer.overwrite=true, or choose another hydra.run.dir.")
         for name in ("metrics.jsonl", "samples.jsonl", "summary.json", "curves.png"):
             (run_dir / name).unlink(missing_ok=True)
         shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)  # resume=auto must not find the old run's
+
+
+def _held(run_dir: Path, auto_resume: bool) -> str:
+    if auto_resume:
+        return (f"trainer.resume=auto: {run_dir} holds a run (metrics.jsonl) but no complete checkpoint to resume "
+                "from (checkpoints are written every trainer.save_every steps; 0 writes none). Start over with "
+                "trainer.overwrite=true, or choose another hydra.run.dir.")
+    return (f"{run_dir} already holds a run (metrics.jsonl). Continue it with trainer.resume=auto, start over with "
+            "trainer.overwrite=true, or choose another hydra.run.dir.")
+
+
+def refuse_early(args: list[str]) -> None:
+    """`prepare`'s refusal, from the command line alone, before Hydra starts: Hydra writes its .hydra/
+    files and appends to train.log in the run dir as the job starts, so a run refused only then would
+    already have changed the run it refuses to overwrite. (A run dir, resume or overwrite set in a YAML
+    file instead is still refused by `prepare`, after Hydra started.)"""
+    if {"-m", "--multirun"} & set(args):
+        return
+    values = dict(a.lstrip("+").split("=", 1) for a in args if "=" in a and not a.startswith("-"))
+    run_dir = values.get("hydra.run.dir")
+    if run_dir is None or "${" in run_dir or values.get("trainer.overwrite", "false").lower() == "true":
+        return
+    run_dir, resume = Path(run_dir), values.get("trainer.resume", "null")
+    if not (run_dir / "metrics.jsonl").exists() or resume not in ("null", "auto"):
+        return
+    if resume == "null" or not complete_checkpoints(run_dir):
+        raise RunDirError(_held(run_dir, resume == "auto"))
+
+
+CHECKPOINT_PREFIX = "step-"
+
+
+def complete_checkpoints(run_dir: Path) -> list[Path]:
+    """The complete checkpoints of a run dir, oldest first (rlvr.checkpoint writes each into a temporary
+    folder and renames it into place when complete; temporary folders are not listed)."""
+    folder = run_dir / "checkpoints"
+    if not folder.is_dir():
+        return []
+    found = [p for p in folder.iterdir() if p.is_dir() and p.name.startswith(CHECKPOINT_PREFIX)
+             and p.name.removeprefix(CHECKPOINT_PREFIX).isdigit()]
+    return sorted(found, key=lambda p: int(p.name.removeprefix(CHECKPOINT_PREFIX)))
 
 
 HYDRA_FILES = {"config.yaml", "hydra.yaml", "overrides.yaml"}  # what Hydra writes into <run dir>/.hydra/

@@ -28,11 +28,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from omegaconf import DictConfig
 
 from rlvr import checkpoint, distributed, models
 from rlvr.algorithms import advantages
 from rlvr.algorithms.losses import kl_penalty, overlong_penalty
+from rlvr.config import TrainConfig
 from rlvr.data import Task
 from rlvr.errors import RlvrError
 from rlvr.evaluate import greedy
@@ -63,14 +63,14 @@ class Collected:
     first_round: list[Rollout]  # the first round's rollouts, an unfiltered sample of the policy: [P * G]
     first_scores: torch.Tensor  # [P, G] their shaped scores
     shaping: dict[str, float]  # metrics of the shaping, first round
-    times: dict[str, float]  # rollout and reward seconds, generated tokens
+    times: dict[str, float]  # prompts, rollout and reward seconds, generated tokens
     rounds: int  # extra rounds of dynamic sampling
     dropped: int  # training prompts dropped as too long for the context
 
 
 def collect_groups(task: Task, fit: PromptFit, generate: Generate, rewards: Rewards,
                    score: Callable[[list[Rollout]], tuple[torch.Tensor, dict[str, float]]],
-                   cfg: DictConfig, step: int) -> Collected:
+                   cfg: TrainConfig, step: int) -> Collected:
     """Sample `data.batch_size` prompts that fit the context, generate a group for each (`generate`:
     the engine's, or multi-turn with tools), score it and shape the scores (`score`).
 
@@ -81,11 +81,13 @@ def collect_groups(task: Task, fit: PromptFit, generate: Generate, rewards: Rewa
     P, G = cfg.data.batch_size, cfg.algorithm.group_size
     dynamic = cfg.algorithm.dynamic_sampling
     kept: list[tuple[list[Rollout], torch.Tensor]] = []
-    times = {"rollout": 0.0, "reward": 0.0, "tokens": 0}
+    times = {"prompts": 0.0, "rollout": 0.0, "reward": 0.0, "tokens": 0}
     dropped = 0
     first: tuple[list[Rollout], torch.Tensor, dict[str, float]] | None = None
     for round_ in range(1 + (dynamic.max_rounds if dynamic.enabled else 0)):
+        t0 = time.perf_counter()
         prompts, prompt_ids, too_long = fit.sample(task, P)
+        times["prompts"] += time.perf_counter() - t0
         dropped += too_long
         # Seeds depend only on (seed, step, round): a step's samples repeat exactly for a seed.
         seed = random.Random(f"{cfg.seed}-{step}-{round_}").randrange(2**31 - 2**20)
@@ -119,7 +121,7 @@ def collect_groups(task: Task, fit: PromptFit, generate: Generate, rewards: Rewa
 
 
 def shaped_scores(rollouts: list[Rollout], rewards: Rewards, learner: Learner,
-                  cfg: DictConfig) -> tuple[torch.Tensor, dict[str, float]]:
+                  cfg: TrainConfig) -> tuple[torch.Tensor, dict[str, float]]:
     """Scores [P, G] for the advantages: the reward terms combined (reward.combine), plus DAPO's soft
     overlong punishment and a KL penalty to the reference model when configured. Returns (scores,
     metrics of the shaping)."""
@@ -167,7 +169,9 @@ def rl_step(run: Run, step: int) -> tuple[StepMetrics, Collected]:
     t0 = time.perf_counter()
     run.engine.load_weights(learner.named_weights(getattr(torch, run.precision.engine_dtype)))
     t_sync = time.perf_counter() - t0
+    t0 = time.perf_counter()
     canary_diff = run.canary.check(run.engine, learner.sequence_logprobs)
+    t_canary = time.perf_counter() - t0
 
     # 7. the record: reward and accuracy of the first round, an unfiltered sample of the policy
     policy = summarise(c.first_round, rewards)
@@ -182,13 +186,14 @@ def rl_step(run: Run, step: int) -> tuple[StepMetrics, Collected]:
         zero_adv_frac=float(advantages.flat_groups(c.first_scores).float().mean()),
         groups_trained=len(c.rollouts) // G, extra_rounds=c.rounds, dropped_prompts=c.dropped,
         canary_diff=canary_diff,
-        times=StepTimes(c.times["rollout"], c.times["reward"], t_learn, t_sync, time.perf_counter() - t_step),
+        times=StepTimes(c.times["prompts"], c.times["rollout"], c.times["reward"], t_learn, t_sync, t_canary,
+                        time.perf_counter() - t_step),
         tokens=c.times["tokens"],
         memory={k: distributed.global_max(v) for k, v in peak_memory(run.device).items()},  # the largest rank's
     ), c
 
 
-def train(cfg: DictConfig, run_dir: Path) -> dict[str, float]:
+def train(cfg: TrainConfig, run_dir: Path) -> dict[str, float]:
     """Run `cfg.trainer.max_steps` RL steps; return the last step's metrics (and the final eval).
 
     Across processes every rank runs this whole function (rlvr.distributed: rollouts split and shared,
@@ -208,6 +213,12 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, float]:
             log.info("resumed from %s at step %d", run.resume, run.start)
             first_eval = distributed.on_rank0(logger.first_record)
         record: dict[str, float] = {}
+        if _stop_asked(stop):  # during the first evaluation: before any step starts
+            log.warning("stopped by %s before step %d started; nothing more was trained. %s",
+                        signal.Signals(stop.signal).name, run.start + 1,
+                        f"Continue with the same command plus trainer.resume={run.resume} hydra.run.dir={run_dir}"
+                        if run.resume else "")
+            raise SystemExit(128 + stop.signal)
         for step in range(run.start + 1, t.max_steps + 1):
             metrics, collected = rl_step(run, step)
             record = metrics.flat()
@@ -219,8 +230,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, float]:
             saved = None
             if t.save_every and (step % t.save_every == 0 or step == t.max_steps):
                 saved = watch.save(step)
-            stop.signal = int(distributed.global_max(float(stop.signal or 0))) or None  # all ranks stop alike
-            if stop.signal is not None:
+            if _stop_asked(stop):
                 saved = saved or watch.save(step)
                 log.warning("stopped after step %d by %s. Continue with the same command plus "
                             "trainer.resume=%s hydra.run.dir=%s", step, signal.Signals(stop.signal).name,
@@ -244,6 +254,12 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, float]:
     finally:
         stop.restore()
         run.close()
+
+
+def _stop_asked(stop: GracefulStop) -> bool:
+    """Whether a signal asked the run to stop, on any rank (all ranks stop alike)."""
+    stop.signal = int(distributed.global_max(float(stop.signal or 0))) or None
+    return stop.signal is not None
 
 
 def evaluate(run: Run) -> dict[str, float]:

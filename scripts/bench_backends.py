@@ -23,7 +23,7 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from rlvr.cli import CONFIG_DIR
-from rlvr.config import register
+from rlvr.config import register, typed
 
 
 def cpu_model() -> str:
@@ -51,8 +51,8 @@ def main() -> None:
 
     register()
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-        cfg = compose(config_name="train", overrides=[f"+experiment={args.experiment}", "data.batch_size=8",
-                                                      *args.overrides])
+        cfg = typed(compose(config_name="train", overrides=[f"+experiment={args.experiment}", "data.batch_size=8",
+                                                      *args.overrides]))
     path = models.resolve(cfg.model, Path(cfg.cache_dir))
     tok = AutoTokenizer.from_pretrained(path)
     prompts = build_task(cfg, path).sample(cfg.data.batch_size)

@@ -8,8 +8,8 @@
 First the matmul rate this machine reaches in float32 and in bfloat16 on a model-shaped product
 ([4800 x 576] . [576 x 1536], SmolLM2's MLP). Then one step's rollouts of
 `+experiment=multiplication` are generated once (float32 engine) with random non-zero advantages, so
-that every sequence is trained on; and each variant -- `trainer.precision=fp32`, `=bf16-mixed` (its
-decoder layers compiled, as `trainer.compile=auto` does there, and not), and each with LoRA
+that every sequence is trained on; and each variant -- `learner.precision=fp32`, `=bf16-mixed` (its
+decoder layers compiled, as `learner.compile=auto` does there, and not), and each with LoRA
 (`model.lora.r=16`) -- runs in its own process (for its own peak memory) what one RL
 step runs: its engine (in the variant's dtype) samples from the same prompts with the same seeds as
 many tokens as the saved batch's completions have, each sequence its own count, eos ignored (one
@@ -41,7 +41,7 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from rlvr.cli import CONFIG_DIR
-from rlvr.config import register
+from rlvr.config import register, typed
 
 
 def matmul_gflops(dtype: torch.dtype, seconds: float = 2.0) -> float:
@@ -58,7 +58,7 @@ def matmul_gflops(dtype: torch.dtype, seconds: float = 2.0) -> float:
 VARIANTS = {
     "fp32": ("fp32", []),
     "bf16-mixed": ("bf16-mixed", []),
-    "bf16-mixed, not compiled": ("bf16-mixed", ["trainer.compile=false"]),  # the lever of trainer.compile
+    "bf16-mixed, not compiled": ("bf16-mixed", ["learner.compile=false"]),  # the lever of learner.compile
     "fp32 + LoRA r16": ("fp32", ["model.lora.r=16"]),
     "bf16-mixed + LoRA r16": ("bf16-mixed", ["model.lora.r=16"]),
 }
@@ -67,7 +67,7 @@ VARIANTS = {
 def config(overrides: list[str]):
     register()
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-        return compose(config_name="train", overrides=["+experiment=multiplication", *overrides])
+        return typed(compose(config_name="train", overrides=["+experiment=multiplication", *overrides]))
 
 
 def setup(cfg):
@@ -128,11 +128,11 @@ def child(precision_name: str, overrides: list[str], batch_file: Path, repeats: 
     from rlvr.types import Batch
 
     keep_freed_memory()  # as `rlvr train` does
-    cfg = config([f"trainer.precision={precision_name}", *overrides])
-    precision = resolve(cfg.trainer.precision, cfg.rollout.dtype, cfg.rollout.canary_tol, "cpu")
+    cfg = config([f"learner.precision={precision_name}", *overrides])
+    precision = resolve(cfg.learner.precision, cfg.rollout.dtype, cfg.rollout.canary_tol, "cpu")
     path, tok, _, ids = setup(cfg)  # the prompts to sample come from the saved batch (fixed_rollout)
     lora = cfg.model.lora if cfg.model.lora.r > 0 else None
-    learner = Learner(path, cfg.optim, cfg.algorithm, cfg.trainer, cfg.rollout.temperature, cfg.rollout.max_tokens,
+    learner = Learner(path, cfg.optim, cfg.algorithm, cfg.learner, cfg.rollout.temperature, cfg.rollout.max_tokens,
                       "cpu", precision, lora=lora)
     engine = VllmEngine(path, cfg.rollout, precision.engine_dtype, cfg.seed, "cpu", Path(cfg.cache_dir))
     dtype = getattr(torch, precision.engine_dtype)

@@ -1,9 +1,9 @@
 """What the multi-process path costs: the same steps on 1 and on 2 ranks of this machine, side by side.
 
     python scripts/bench_ranks.py                        # tiny and the default model, 1 and 2 ranks
-    python scripts/bench_ranks.py --models tiny --steps 6 trainer.precision=fp32
+    python scripts/bench_ranks.py --models tiny --steps 6 learner.precision=fp32
 
-Each run is `rlvr train +experiment=multiplication` as a user starts it (`trainer.nproc_per_node=N`,
+Each run is `rlvr train +experiment=multiplication` as a user starts it (`launch.nproc_per_node=N`,
 the cores split between the ranks), one after another. The table shows the mean over the steps after
 the first (warm-up) of the step time and its parts, the rollout tokens per second of the whole world,
 and the peak resident memory of the largest rank; `wall` is the whole command, engine starts and both
@@ -39,7 +39,7 @@ def run(model: str, ranks: int, steps: int, overrides: list[str], out: Path) -> 
     run_dir = out / f"{model}-{ranks}"
     t0 = time.perf_counter()
     result = subprocess.run([RLVR, "train", "+experiment=multiplication", f"model={model}",
-                             f"trainer.nproc_per_node={ranks}", f"trainer.max_steps={steps}", "trainer.eval_every=0",
+                             f"launch.nproc_per_node={ranks}", f"trainer.max_steps={steps}", "trainer.eval_every=0",
                              "data.eval_size=8", "trainer.save_model=false", "trainer.log_samples=0",
                              "trainer.samples_every=0", f"hydra.run.dir={run_dir}", *overrides],
                             capture_output=True, text=True)
@@ -58,7 +58,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default="tiny,smollm2", help="comma-separated model configs")
     parser.add_argument("--steps", type=int, default=5, help="training steps per run (the first is warm-up)")
-    parser.add_argument("overrides", nargs="*", help="more rlvr train overrides, e.g. trainer.precision=fp32")
+    parser.add_argument("overrides", nargs="*", help="more rlvr train overrides, e.g. learner.precision=fp32")
     args = parser.parse_args()
     print(f"{cpu_model()}, {len(os.sched_getaffinity(0))} cores; overrides: {args.overrides or 'none'}")
     print("| model | ranks | " + " | ".join(name for _, name in KEYS) + " | wall s |")

@@ -15,7 +15,7 @@ import time
 from hydra import compose, initialize_config_dir
 
 from rlvr.cli import CONFIG_DIR
-from rlvr.config import register
+from rlvr.config import register, typed
 from rlvr.data import build_task
 from rlvr.rewards import Rewards
 from rlvr.types import Rollout
@@ -39,7 +39,7 @@ def main() -> None:
     for experiment, reward in [("multiplication", "multiplication"), ("function_picking", "function_picking"),
                                ("multiplication", "math")]:
         with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-            cfg = compose(config_name="train", overrides=[f"+experiment={experiment}", f"reward={reward}"])
+            cfg = typed(compose(config_name="train", overrides=[f"+experiment={experiment}", f"reward={reward}"]))
         prompts = build_task(cfg).sample(args.rollouts)
         rollouts = []
         for p in prompts:

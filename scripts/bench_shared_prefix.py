@@ -5,7 +5,7 @@
 
 For each experiment, one engine generates one step's rollouts with the default model (the
 experiment's prompts per step and group size); then, each in a fresh process so that its peak
-memory is its own, the learner takes its update on exactly that batch with `trainer.shared_prefix`
+memory is its own, the learner takes its update on exactly that batch with `learner.shared_prefix`
 false and true, `--repeats` times. Printed: learner seconds per update (mean and min), tokens
 through the model per update, peak resident memory of the process, and the largest logprob
 difference between the two. Speed is measured here, never asserted in tests.
@@ -28,13 +28,13 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from rlvr.cli import CONFIG_DIR
-from rlvr.config import register
+from rlvr.config import register, typed
 
 
 def config(experiment: str, overrides: list[str]):
     register()
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-        return compose(config_name="train", overrides=[f"+experiment={experiment}", *overrides])
+        return typed(compose(config_name="train", overrides=[f"+experiment={experiment}", *overrides]))
 
 
 def generate(experiment: str, overrides: list[str], out: Path) -> None:
@@ -70,9 +70,9 @@ def learn(experiment: str, overrides: list[str], batch_file: Path, shared: bool,
     from rlvr.learner import Learner
     from rlvr.types import Batch
 
-    cfg = config(experiment, [*overrides, f"trainer.shared_prefix={str(shared).lower()}"])
+    cfg = config(experiment, [*overrides, f"learner.shared_prefix={str(shared).lower()}"])
     path = models.resolve(cfg.model, Path(cfg.cache_dir))
-    learner = Learner(path, cfg.optim, cfg.algorithm, cfg.trainer, cfg.rollout.temperature,
+    learner = Learner(path, cfg.optim, cfg.algorithm, cfg.learner, cfg.rollout.temperature,
                       cfg.rollout.max_tokens, "cpu")
     batch = Batch(**torch.load(batch_file))
     logprobs = learner.batch_logprobs(batch)

@@ -21,7 +21,7 @@ from pathlib import Path
 from hydra import compose, initialize_config_dir
 
 from rlvr.cli import CONFIG_DIR
-from rlvr.config import register
+from rlvr.config import register, typed
 
 KEYS = ["time/rollout_s", "time/reward_s", "time/learn_s", "time/sync_s", "time/step_s", "tokens_per_s",
         "completion_len/mean", "learn/sequences", "sync/logprob_max_diff"]
@@ -35,9 +35,9 @@ def main() -> None:
 
     register()
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-        cfg = compose(config_name="train", overrides=["+experiment=multiplication", f"trainer.max_steps={args.steps}",
+        cfg = typed(compose(config_name="train", overrides=["+experiment=multiplication", f"trainer.max_steps={args.steps}",
                                                       "trainer.save_model=false", "trainer.log_samples=0",
-                                                      *args.overrides])
+                                                      *args.overrides]))
     from rlvr.train import train
 
     with tempfile.TemporaryDirectory() as tmp:

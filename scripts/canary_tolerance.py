@@ -24,7 +24,7 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from rlvr.cli import CONFIG_DIR
-from rlvr.config import register
+from rlvr.config import register, typed
 
 
 def measure(model: str, precision_name: str, updates: int) -> dict[str, list[float]]:
@@ -40,12 +40,12 @@ def measure(model: str, precision_name: str, updates: int) -> dict[str, list[flo
 
     register()
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-        cfg = compose(config_name="train", overrides=["+experiment=multiplication", f"model={model}",
-                                                      f"trainer.precision={precision_name}"])
-    precision = resolve(cfg.trainer.precision, cfg.rollout.dtype, cfg.rollout.canary_tol, "cpu")
+        cfg = typed(compose(config_name="train", overrides=["+experiment=multiplication", f"model={model}",
+                                                      f"learner.precision={precision_name}"]))
+    precision = resolve(cfg.learner.precision, cfg.rollout.dtype, cfg.rollout.canary_tol, "cpu")
     path = models.resolve(cfg.model, Path(cfg.cache_dir))
     task, rewards = build_task(cfg, path), Rewards(cfg.reward)
-    learner = Learner(path, cfg.optim, cfg.algorithm, cfg.trainer, cfg.rollout.temperature, cfg.rollout.max_tokens,
+    learner = Learner(path, cfg.optim, cfg.algorithm, cfg.learner, cfg.rollout.temperature, cfg.rollout.max_tokens,
                       "cpu", precision)
     tok = learner.tokenizer
     engine = VllmEngine(path, cfg.rollout, precision.engine_dtype, 0, "cpu", Path(cfg.cache_dir))

@@ -1,11 +1,11 @@
 """The CUDA path of rlvr, checked: the whole `rlvr train` loop with the transformers rollout backend
 on the tiny model and on random-weight ~0.5B and ~1.5B models built locally (no download), in fp32,
-bf16-mixed (one case through `trainer.precision=auto`, which must pick it on CUDA) and LoRA; prints
+bf16-mixed (one case through `learner.precision=auto`, which must pick it on CUDA) and LoRA; prints
 one Markdown table. Run it through `scripts/gpu_check.sh`.
 
     python scripts/gpu_check.py                     # on CUDA, every case (5 minutes on one H200)
     python scripts/gpu_check.py --device cpu --cases tiny-fp32 --steps 2   # a smoke test without a GPU
-    python scripts/gpu_check.py --cases 0.5b-fp32,0.5b-auto data.batch_size=64 trainer.micro_batch_size=64
+    python scripts/gpu_check.py --cases 0.5b-fp32,0.5b-auto data.batch_size=64 learner.micro_batch_size=64
                                                     # rlvr train overrides, after the case's own
 
 Each case runs `--steps` steps of +experiment=multiplication with reward=digits (8 prompts x 8
@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-CASES = {  # name: (model option, trainer.precision, model.lora.r)
+CASES = {  # name: (model option, learner.precision, model.lora.r)
     "tiny-fp32": ("tiny", "fp32", 0),
     "tiny-bf16": ("tiny", "bf16-mixed", 0),
     "0.5b-fp32": ("random_0.5b", "fp32", 0),
@@ -61,19 +61,19 @@ def child(case: str, device: str, steps: int, overrides: list[str]) -> dict:
 
     from rlvr import models
     from rlvr.cli import CONFIG_DIR
-    from rlvr.config import register
+    from rlvr.config import register, typed
     from rlvr.train import train
 
     model, precision, lora = CASES[case]
     register()
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-        cfg = compose(config_name="train", overrides=[
+        cfg = typed(compose(config_name="train", overrides=[
             # reward=digits (the share of digits in the completion): random models get scores that differ
             # within a group, so every sequence goes through the learner
-            "+experiment=multiplication", "reward=digits", f"model={model}", f"trainer.precision={precision}", f"model.lora.r={lora}",
-            "rollout.backend=transformers", f"trainer.device={device}", "data.batch_size=8", "data.eval_size=8",
+            "+experiment=multiplication", "reward=digits", f"model={model}", f"learner.precision={precision}", f"model.lora.r={lora}",
+            "rollout.backend=transformers", f"launch.device={device}", "data.batch_size=8", "data.eval_size=8",
             f"trainer.max_steps={steps}", "trainer.save_model=false", "trainer.log_samples=0", "trainer.eval_every=0",
-            *overrides])
+            *overrides]))
     path = models.resolve(cfg.model, Path(cfg.cache_dir))
     config = json.loads((path / "config.json").read_text())
     with torch.device("meta"):

@@ -31,7 +31,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=Path("multirun") / f"learning-{time.strftime('%Y%m%d-%H%M%S')}")
     parser.add_argument("--png", type=Path, default=None,
                         help="PNG of the curves (default: learning_benchmark.png in the --out folder; "
-                             "docs/learning_benchmark.png is the README's, replace it on purpose only)")
+                             "docs/learning_benchmark.png is the docs', replace it on purpose only)")
     parser.add_argument("overrides", nargs="*", help="further rlvr train overrides (comma lists sweep)")
     args = parser.parse_args()
 

@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 
 from rlvr import checkpoint
 
-from .conftest import REPO, RLVR, pinned, run_cli
+from .conftest import GOLDEN, REPO, RLVR, cli_here, pinned, run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -27,10 +27,8 @@ RUN = ["+experiment=multiplication", "model=tiny", "reward=digits", "optim.lr=1e
        "algorithm.group_size=4", "rollout.max_tokens=16", "data.eval_size=4", "trainer.save_model=false",
        "trainer.log_samples=0"]
 STEPS = 6
-# The run that is killed and resumed: a KL term to the original model and a warmup that the resume
-# lands in the middle of, both of which a resume must carry over; the final model is written.
-RESUMED = [*RUN, "algorithm.kl.coef=0.05", "optim.warmup_steps=3", "trainer.save_model=true",
-           f"trainer.max_steps={STEPS}", "trainer.save_every=2"]
+# The run that is killed and resumed: the golden run's (tests/conftest.py), which the uninterrupted one is.
+RESUMED = GOLDEN
 # Everything a step computes from its samples; times are left out (they differ run to run).
 COMPARED = ["reward/mean", "reward/digits", "accuracy", "completion_len/mean", "loss", "grad_norm", "clip_frac",
             "mismatch/logprob_abs_mean", "sync/logprob_max_diff", "curriculum/level", "kl", "lr"]
@@ -59,13 +57,10 @@ def _wait_for_step(proc: subprocess.Popen, run_dir: Path, step: int, timeout: fl
     raise AssertionError(f"step {step} not reached in {timeout} s")
 
 
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory, cache_dir) -> Path:
-    """An uninterrupted run of STEPS steps (RESUMED) with a checkpoint every 2 steps."""
-    run_dir = tmp_path_factory.mktemp("reference") / "run"
-    result = run_cli(["train", *RESUMED, f"hydra.run.dir={run_dir}"], cache=cache_dir)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return run_dir
+@pytest.fixture
+def reference(golden) -> Path:
+    """An uninterrupted run of STEPS steps (RESUMED) with a checkpoint every 2 steps: the golden run."""
+    return golden
 
 
 def test_checkpoints_are_complete_and_pruned(reference):
@@ -164,6 +159,27 @@ def test_a_second_ctrl_c_stops_at_once(tmp_path, cache_dir):
     assert checkpoint.complete_checkpoints(run_dir) == []  # and no checkpoint written for it
 
 
+def test_a_signal_during_the_first_evaluation_stops_before_the_first_step(tmp_path, cache_dir):
+    """Ctrl-C while the first evaluation runs (its reward naps 4 s) stops the run when the evaluation
+    ends, before any training step: on the default model a step takes minutes."""
+    run_dir, gate, started = tmp_path / "run", tmp_path / "gate", tmp_path / "started"
+    gate.touch()  # the first reward call of the run (in the first evaluation) naps
+    proc = _start([*RUN, "trainer.max_steps=500", "reward.terms.digits._target_=tests.slow_rewards.stall",
+                   f"+reward.terms.digits.kwargs.gate={gate}", f"+reward.terms.digits.kwargs.started={started}",
+                   "+reward.terms.digits.kwargs.seconds=4", f"hydra.run.dir={run_dir}"],
+                  cache_dir, extra_env={"PYTHONPATH": str(REPO)})
+    try:
+        _wait_for_file(proc, started)
+        os.killpg(proc.pid, signal.SIGINT)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 128 + signal.SIGINT, out[-3000:]
+    assert "before step 1 started" in out
+    records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [0] and "eval/accuracy" in records[0]  # the evaluation, no step
+
+
 def test_a_full_disk_keeps_the_previous_checkpoint_and_the_run_goes_on(tmp_path, cache_dir, tiny_path):
     run_dir = tmp_path / "run"
     folder = run_dir / "checkpoints"
@@ -200,7 +216,7 @@ def test_a_failed_checkpoint_write_keeps_the_previous_one_and_the_run_goes_on(re
     env = {**os.environ, "RLVR_CACHE": str(cache_dir), "HYDRA_FULL_ERROR": "0",
            # vLLM's CPU sampler compiles a kernel with g++, whose temporary files exceed the limit too
            "TORCH_COMPILE_DISABLE": "1"}
-    result = subprocess.run([RLVR, "train", *pinned([*RESUMED, "trainer.save_model=false", "trainer.keep_last=1",
+    result = subprocess.run([RLVR, "train", *pinned([*RESUMED, "logger=console", "trainer.save_model=false", "trainer.keep_last=1",
                                                      "trainer.resume=auto", f"hydra.run.dir={run_dir}"])], capture_output=True, text=True,
                             timeout=600, env=env,
                             preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit)))
@@ -245,15 +261,64 @@ def test_a_damaged_checkpoint_is_refused_at_start(reference, tmp_path, cache_dir
     else:
         (broken / "trainer_state.json").write_text('{"step": ')
     run_dir = tmp_path / "run"
-    result = run_cli(["train", *RUN, f"trainer.resume={broken}", f"hydra.run.dir={run_dir}"], cache=cache_dir)
+    result = cli_here(["train", *RUN, f"trainer.resume={broken}", f"hydra.run.dir={run_dir}"], cache=cache_dir)
     assert result.returncode != 0
     assert f"checkpoint {broken} {message}" in result.stdout + result.stderr
     assert not (run_dir / "metrics.jsonl").exists()  # nothing started, nothing written
 
 
-def test_a_run_dir_with_another_run_is_refused(reference, tmp_path, cache_dir):
-    before = (reference / "metrics.jsonl").read_text()
-    result = run_cli(["train", *RUN, f"hydra.run.dir={reference}"], cache=cache_dir)
-    assert result.returncode != 0
-    assert "already holds a run" in result.stderr and "trainer.resume=auto" in result.stderr
-    assert (reference / "metrics.jsonl").read_text() == before
+def _snapshot(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_a_run_dir_with_another_run_is_refused_and_left_as_it_was(reference, tmp_path, cache_dir):
+    """Refused from the command line before Hydra starts: Hydra would rewrite .hydra/ and append to
+    train.log (and `rlvr plot` would then label the run with the refused command's overrides)."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(reference, run_dir)
+    before = _snapshot(run_dir)
+    result = cli_here(["train", *RUN, "optim.lr=0.5", f"hydra.run.dir={run_dir}"], cache=cache_dir)
+    assert result.returncode == 1
+    assert f"{run_dir} already holds a run" in result.stderr and "trainer.resume=auto" in result.stderr
+    assert _snapshot(run_dir) == before  # byte for byte, and nothing added
+
+
+def test_a_run_dir_named_in_a_way_the_command_line_cannot_see_is_refused_before_the_model_loads(
+        reference, tmp_path, cache_dir, monkeypatch):
+    run_dir = tmp_path / "run"
+    shutil.copytree(reference, run_dir)
+    before = (run_dir / "metrics.jsonl").read_bytes()
+    monkeypatch.setenv("OLD_RUN", str(run_dir))
+    result = cli_here(["train", *RUN, "hydra.run.dir=${oc.env:OLD_RUN}"], cache=cache_dir)
+    out = result.stdout + result.stderr
+    assert result.returncode == 1 and "already holds a run" in out
+    assert "learner:" not in out  # refused before the learner was built (its first log line)
+    assert (run_dir / "metrics.jsonl").read_bytes() == before and (run_dir / "checkpoints").is_dir()
+
+
+def test_a_damaged_newest_checkpoint_is_named_and_auto_resume_falls_back_to_the_intact_one(reference, tmp_path,
+                                                                                           cache_dir):
+    """The largest file of the newest checkpoint cut short (a disk that filled, a copy cut short): given by
+    path it is refused naming that file; under resume=auto the run continues from the older, intact
+    checkpoint, says so, and repeats the uninterrupted run from there."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(reference, run_dir)
+    newest = run_dir / "checkpoints" / "step-000006"
+    largest = max((p for p in newest.rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+    name = str(largest.relative_to(newest))
+    largest.write_bytes(largest.read_bytes()[: largest.stat().st_size // 2])
+
+    refused = cli_here(["train", *RESUMED, f"trainer.resume={newest}", f"hydra.run.dir={tmp_path / 'other'}"],
+                       cache=cache_dir)
+    assert refused.returncode == 1
+    assert f"checkpoint {newest} is corrupt: {name} holds" in refused.stdout + refused.stderr
+
+    result = run_cli(["train", *RESUMED, "trainer.resume=auto", f"hydra.run.dir={run_dir}"], cache=cache_dir)
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out[-3000:]
+    assert f"{name} holds" in out and "resuming from" in out and "step-000004, the newest intact checkpoint" in out
+    resumed, expected = _steps(run_dir), _steps(reference)
+    assert [s["step"] for s in resumed] == list(range(1, STEPS + 1))
+    for got, want in zip(resumed[4:], expected[4:], strict=True):  # steps 5 and 6, run again from step 4
+        for key in COMPARED:
+            assert got[key] == pytest.approx(want[key], abs=1e-6), (got["step"], key)

@@ -3,26 +3,26 @@
 from __future__ import annotations
 
 import importlib.util
-import os
 import re
 import subprocess
 from pathlib import Path
 
 import pytest
 import torch
+from hydra import compose, initialize_config_dir
 from hydra.utils import get_method
 
 from rlvr.cli import CONFIG_DIR
-from rlvr.config import ConfigError, check
+from rlvr.config import ConfigError, check, register, typed
 from rlvr.data import build_task
-from rlvr.keys import unknown_keys
+from rlvr.keys import check_overrides, unknown_keys
 from rlvr.rewards import Rewards
 from rlvr.rollout.engine import EngineConfigError, check_backend
 
-from .conftest import RLVR, compose_config, run_cli
+from .conftest import cli_here, compose_config, compose_dictconfig
 from .test_files import ROWS, SUFFIX, write
 
-GROUPS = ["model", "data", "reward", "algorithm", "rollout", "optim", "trainer", "logger", "eval"]
+GROUPS = ["model", "data", "reward", "algorithm", "rollout", "optim", "trainer", "learner", "launch", "logger", "eval"]
 
 
 def _options(group: str) -> list[str]:
@@ -54,19 +54,18 @@ def test_overrides_from_the_contract_apply():
 
 
 def test_make_train_runs_dapo_unless_told_otherwise():
-    """`make train`'s experiment runs DAPO (README, What make train does; the suite pins GRPO), and an
+    """`make train`'s experiment runs DAPO (docs/results.md; the suite pins GRPO), and an
     algorithm on the command line replaces it."""
     assert compose_config(["+experiment=multiplication", "algorithm=dapo"]).algorithm.dynamic_sampling.enabled
-    unpinned = subprocess.run([RLVR, "train", "+experiment=multiplication", "--cfg", "job", "--package", "algorithm"],
-                              capture_output=True, text=True, timeout=120)
-    assert unpinned.returncode == 0, unpinned.stderr[-2000:]
-    assert "name: dapo" in unpinned.stdout and "clip_eps_high: 0.28" in unpinned.stdout
+    register()
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):  # unpinned: as `make train` composes
+        unpinned = compose(config_name="train", overrides=["+experiment=multiplication"]).algorithm
+    assert unpinned.name == "dapo" and unpinned.clip_eps_high == 0.28
     assert compose_config(["+experiment=multiplication", "algorithm=grpo"]).algorithm.name == "grpo"
 
 
 @pytest.mark.parametrize("override, key", [
     ("algorithm.group_size=1", "algorithm.group_size"),
-    ("algorithm.loss_agg=token_avg", "algorithm.loss_agg"),
     ("rollout.temperature=0", "rollout.temperature"),
     ("reward.correct_term=nope", "reward.correct_term"),
     # combinations that make no sense
@@ -79,12 +78,7 @@ def test_make_train_runs_dapo_unless_told_otherwise():
     # the correctness audit: each of these trains on something other than what it says
     ("algorithm.kl.coef=0.1 algorithm.kl.estimator=k1", "algorithm.kl.estimator: k1 in the loss"),
     ("rollout.top_p=0.9", "rollout.top_p: must be 1.0 in training"),
-    ("trainer.precision=fp16-mixed", "trainer.precision: 'fp16-mixed' is refused"),
-    ("trainer.precision=bf16", "trainer.precision: must be one of"),
-    ("rollout.dtype=float16", "rollout.dtype: must be one of"),
     ("trainer.max_steps=0", "trainer.max_steps: must be >= 1"),
-    ("rollout.backend=sglang", "rollout.backend: must be one of"),
-    ("trainer.device=tpu", "trainer.device: must be one of"),
     # a bad value is named by its own key, not by another check that happens to trip over it
     ("data.batch_size=0", "data.batch_size: must be >= 1"),
 ])
@@ -93,13 +87,62 @@ def test_nonsense_values_are_rejected_with_the_key(override, key):
         check(compose_config(override.split()))
 
 
+@pytest.mark.parametrize("override, expected", [
+    ("algorithm.loss_agg=token_avg", "algorithm.loss_agg: must be one of token_mean, seq_mean_token_mean, "
+                                     "token_sum_norm, got 'token_avg'"),
+    ("learner.precision=fp16-mixed", "learner.precision: must be one of auto, fp32, bf16-mixed, got 'fp16-mixed' "
+                                     "(fp16 is refused"),
+    ("learner.precision=bf16", "learner.precision: must be one of auto, fp32, bf16-mixed, got 'bf16'"),
+    ("rollout.dtype=float16", "rollout.dtype: must be one of auto, float32, bfloat16"),
+    ("rollout.backend=sglang", "rollout.backend: must be one of vllm, transformers"),
+    ("launch.device=tpu", "launch.device: must be one of auto, cpu, cuda, mps"),
+    ("algorithm.advantage=grpo,rlooo", "algorithm.advantage: must be one of grpo, dr_grpo, rloo, got 'rlooo'"),
+    # a misspelt key, before Hydra's advice to add it with `+`
+    ("trainer.max_stepz=2", "trainer.max_stepz: no such key; trainer takes max_steps, eval_every, save_model, "
+                            "log_samples, samples_every, save_every, keep_last, resume, overwrite, max_bad_steps; "
+                            "did you mean trainer.max_steps?"),
+    ("optimm.lr=1", "optimm: no such key; the config takes model, data"),
+    # a group option that does not exist: the options there are, none of rlvr's internal schemas
+    ("algorithm=grpoo", "algorithm=grpoo: no such option; algorithm is one of dapo, dr_grpo, grpo, gspo, rloo; "
+                        "did you mean algorithm=grpo?"),
+    ("+experiment=multiplicaton", "experiment=multiplicaton: no such option; experiment is one of function_picking, "
+                                  "multiplication, multiplication_4x2, multiplication_tool; did you mean "
+                                  "experiment=multiplication?"),
+    # keys that moved when trainer was split by concern
+    ("trainer.precision=fp32", "trainer.precision: renamed to learner.precision"),
+    ("trainer.nproc_per_node=2", "trainer.nproc_per_node: renamed to launch.nproc_per_node"),
+])
+def test_command_line_keys_and_choices_are_checked_before_hydra(override, expected):
+    with pytest.raises(ConfigError) as e:
+        check_overrides([override], Path(CONFIG_DIR), [])
+    assert expected in str(e.value)
+    assert "schema" not in str(e.value)
+
+
+@pytest.mark.parametrize("override", ["learner.precision=bf16-mixed", "data.levels=[[1,1]]", "+reward.terms.x._target_=a.b",
+                                      "tools=[calculator,python]", "algorithm=grpo,dapo", "hydra.run.dir=x",
+                                      "hydra/launcher=basic", "rollout.dtype=${oc.env:X}", "seed=0,1,2", "model=local",
+                                      "--config-dir=x", "-m", "trainer.resume=auto"])
+def test_command_line_check_lets_valid_overrides_through(override):
+    check_overrides([override], Path(CONFIG_DIR), [])
+
+
+def test_the_schema_rejects_a_choice_that_does_not_exist_too():
+    """A YAML file (an experiment, a user's config dir) is not seen by the command-line check: the schema's
+    choices reject it when Hydra composes, naming the key."""
+    with pytest.raises(Exception, match="algorithm.loss_agg=token_avg") as e:
+        compose_config(["algorithm.loss_agg=token_avg"])
+    assert "Invalid value 'token_avg', expected one of [token_mean, seq_mean_token_mean, token_sum_norm]" in \
+        str(e.value.__cause__)
+
+
 @pytest.mark.parametrize("override", ["rollout.top_p=0.9"])
 def test_eval_may_sample_with_top_p(override):
     check(compose_config(override.split()), training=False)
 
 
 @pytest.mark.parametrize("override, expected", [
-    ("optim.lrr=1e-5", "Key 'lrr' not in 'OptimConfig'"),                  # misspelt key
+    ("optim.lrr=1e-5", "optim.lrr: no such key; optim takes lr, weight_decay"),   # misspelt key
     ("optim.lr=fast", "Value 'fast' of type 'str' could not be converted"),  # wrong type
     ("data.levelz=[[1,1]]", "Key 'levelz' not in 'MultiplicationDataConfig'"),
     ("algorithm.group_size=1", "algorithm.group_size: must be >= 2"),        # checked before any model loads
@@ -110,8 +153,8 @@ def test_eval_may_sample_with_top_p(override):
 def test_cli_fails_at_start_naming_the_key(override, expected, tmp_path):
     # model.path points nowhere: reaching model loading would fail differently, so the message proves
     # the check ran first.
-    result = run_cli(["train", override, "model=local", f"model.path={tmp_path}/absent",
-                      f"hydra.run.dir={tmp_path}/run"], cache=tmp_path, timeout=120)
+    result = cli_here(["train", override, "model=local", f"model.path={tmp_path}/absent",
+                      f"hydra.run.dir={tmp_path}/run"], cache=tmp_path)
     assert result.returncode == 1
     assert expected in result.stderr + result.stdout
     assert not (tmp_path / "run").exists()  # a rejected run leaves no run dir
@@ -122,15 +165,15 @@ NO_MPS = pytest.mark.skipif(torch.backends.mps.is_available(), reason="this mach
 
 
 @pytest.mark.parametrize("override, expected", [
-    pytest.param("trainer.device=cuda", "trainer.device=cuda, but torch sees no GPU", marks=NO_CUDA),
-    pytest.param("trainer.device=mps", "trainer.device=mps, but this machine has no Apple-silicon GPU", marks=NO_MPS),
+    pytest.param("launch.device=cuda", "launch.device=cuda, but torch sees no GPU", marks=NO_CUDA),
+    pytest.param("launch.device=mps", "launch.device=mps, but this machine has no Apple-silicon GPU", marks=NO_MPS),
 ])
 @pytest.mark.parametrize("command", ["train", "eval"])
 def test_a_device_that_is_not_there_is_named_before_a_model_loads(command, override, expected, tmp_path):
-    result = run_cli([command, override, "model=local", f"model.path={tmp_path}/absent",
-                      f"hydra.run.dir={tmp_path}/run"], cache=tmp_path, timeout=120)
+    result = cli_here([command, override, "model=local", f"model.path={tmp_path}/absent",
+                      f"hydra.run.dir={tmp_path}/run"], cache=tmp_path)
     assert result.returncode == 1
-    assert expected in result.stderr and "use trainer.device=cpu or auto" in result.stderr
+    assert expected in result.stderr and "use launch.device=cpu or auto" in result.stderr
     assert len([line for line in result.stderr.splitlines() if "Error" in line or "error" in line]) <= 1
 
 
@@ -157,16 +200,17 @@ def test_vllm_missing_names_the_other_backend(monkeypatch):
     ("data=jsonl data.path=x.jsonl +data.prompt_keys=q", "data.prompt_keys: no such key; data (FileDataConfig)"),
 ])
 def test_a_key_added_with_plus_that_no_schema_takes_is_named(override, expected):
-    cfg = compose_config(override.split())
+    cfg = compose_dictconfig(override.split())
     with pytest.raises(ConfigError, match=re.escape(expected)) as raised:
         unknown_keys(cfg)
     assert "+" not in str(raised.value)  # never the advice that let the key in
 
 
 def test_a_reward_term_can_be_added_from_the_command_line():
-    cfg = compose_config(["+reward.terms.short._target_=rlvr.rewards.text.length_penalty",
-                          "+reward.terms.short.weight=0.1", "+reward.terms.short.kwargs.limit=40"])
-    unknown_keys(cfg)
+    overrides = ["+reward.terms.short._target_=rlvr.rewards.text.length_penalty", "+reward.terms.short.weight=0.1",
+                 "+reward.terms.short.kwargs.limit=40"]
+    unknown_keys(compose_dictconfig(overrides))
+    cfg = compose_config(overrides)
     check(cfg)
     rewards = Rewards(cfg.reward)
     assert rewards.weights == {"correct": 1.0, "format": 0.2, "short": 0.1}
@@ -184,16 +228,16 @@ def test_a_bad_reward_term_is_named(override, expected):
 
 
 def test_untyped_nodes_take_any_key():
-    cfg = compose_config(["+reward.terms.correct.kwargs.anything=1"])  # the reward function's own keywords
-    cfg.data = {"_target_": "my_pkg.Task", "words": ["a"]}  # a user's task without a schema
-    unknown_keys(cfg)
-    unknown_keys(compose_config(["+experiment=function_picking"]))
+    cfg = compose_dictconfig(["+reward.terms.correct.kwargs.anything=1"])  # the reward function's own keywords
+    cfg.data = {"_target_": "my_pkg.Task", "words": ["a"], "batch_size": 2}
+    unknown_keys(cfg)  # a user's task without a schema
+    assert typed(cfg).data.options == {"words": ["a"]}
+    unknown_keys(compose_dictconfig(["+experiment=function_picking"]))
 
 
 def _run_in(cwd: Path, args: list[str]) -> subprocess.CompletedProcess:
     """`rlvr <args>` started in `cwd`, where its default run dir (outputs/<date>/<time>) lands."""
-    env = {**os.environ, "RLVR_CACHE": str(cwd / "cache"), "HYDRA_FULL_ERROR": "0"}
-    return subprocess.run([RLVR, *args], cwd=cwd, capture_output=True, text=True, timeout=120, env=env)
+    return cli_here(args, cwd / "cache", cwd=cwd)
 
 
 @pytest.mark.parametrize("command", ["train", "eval"])
@@ -215,8 +259,8 @@ def test_a_rejected_run_leaves_no_run_dir_but_never_removes_a_run(tmp_path, comm
 
 
 def test_a_reward_that_does_not_import_is_reported_once(tmp_path):
-    result = run_cli(["train", "reward.terms.correct._target_=rlvr.rewards.nope.missing", "model=local",
-                      f"model.path={tmp_path}/absent", f"hydra.run.dir={tmp_path}/run"], cache=tmp_path, timeout=120)
+    result = cli_here(["train", "reward.terms.correct._target_=rlvr.rewards.nope.missing", "model=local",
+                      f"model.path={tmp_path}/absent", f"hydra.run.dir={tmp_path}/run"], cache=tmp_path)
     assert result.returncode == 1
     assert "reward.terms.correct._target_='rlvr.rewards.nope.missing' cannot be imported" in result.stderr
     assert result.stderr.count("[ERROR]") == 1, result.stderr  # one error, one log record
@@ -225,15 +269,15 @@ def test_a_reward_that_does_not_import_is_reported_once(tmp_path):
 
 @pytest.mark.parametrize("group", ["local", "smollm2"])  # smollm2 builds its folder, but only in the cache
 def test_missing_model_folder_is_named(tmp_path, group):
-    result = run_cli(["train", f"model={group}", f"model.path={tmp_path}/absent", f"hydra.run.dir={tmp_path}/run"],
-                     cache=tmp_path / "cache", timeout=120)
+    result = cli_here(["train", f"model={group}", f"model.path={tmp_path}/absent", f"hydra.run.dir={tmp_path}/run"],
+                     cache=tmp_path / "cache")
     assert result.returncode != 0
     assert f"model.path='{tmp_path}/absent' does not exist" in result.stderr + result.stdout
     assert not (tmp_path / "absent").exists()
 
 
 def test_help_lists_the_commands():
-    result = run_cli(["--help"], cache=Path("/nonexistent"), timeout=60)
+    result = cli_here(["--help"], cache=Path("/nonexistent"))
     assert result.returncode == 0 and "rlvr train" in result.stdout
 
 
@@ -251,8 +295,8 @@ def test_a_model_that_is_not_a_causal_lm_is_named(tmp_path, cache_dir, tiny_path
     for f in folder.glob("*.safetensors"):
         f.unlink()
     DistilBertModel(DistilBertConfig(vocab_size=512, dim=32, n_layers=1, n_heads=2, hidden_dim=64)).save_pretrained(folder)
-    result = run_cli(["train", "model=local", f"model.path={folder}", f"hydra.run.dir={tmp_path}/run"],
-                     cache=cache_dir, timeout=180)
+    result = cli_here(["train", "model=local", f"model.path={folder}", f"hydra.run.dir={tmp_path}/run"],
+                     cache=cache_dir)
     assert result.returncode == 1
     assert f"model.path='{folder}' cannot be loaded as a causal LM" in result.stderr
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
@@ -261,8 +305,8 @@ def test_a_model_that_is_not_a_causal_lm_is_named(tmp_path, cache_dir, tiny_path
 def test_a_tokenizer_without_chat_template_is_named(tmp_path, cache_dir, tiny_path):
     folder = _folder_like_tiny(tiny_path, tmp_path / "no-template")
     (folder / "chat_template.jinja").unlink()
-    result = run_cli(["train", "model=local", f"model.path={folder}", f"hydra.run.dir={tmp_path}/run"],
-                     cache=cache_dir, timeout=180)
+    result = cli_here(["train", "model=local", f"model.path={folder}", f"hydra.run.dir={tmp_path}/run"],
+                     cache=cache_dir)
     assert result.returncode == 1
     assert f"the tokenizer of model.path='{folder}' has no chat template" in result.stderr
     assert not (tmp_path / "run" / "metrics.jsonl").exists()

@@ -41,7 +41,7 @@ def _batch(pad_id: int):
 
 
 def _learner(cfg, tiny_path):
-    return Learner(tiny_path, cfg.optim, cfg.algorithm, cfg.trainer, cfg.rollout.temperature, cfg.rollout.max_tokens,
+    return Learner(tiny_path, cfg.optim, cfg.algorithm, cfg.learner, cfg.rollout.temperature, cfg.rollout.max_tokens,
                    "cpu")
 
 
@@ -70,8 +70,8 @@ def _rank(rank: int, world: int, init_file: str, cfg, tiny_path: Path, out: Path
 def test_two_ranks_make_the_single_process_update(shared_prefix, cut, extra, tmp_path, cache_dir, tiny_path):
     import torch.multiprocessing as mp
 
-    cfg = compose_config(["model=tiny", "optim.lr=1e-3", "trainer.micro_batch_size=2", "algorithm.clip_eps_low=0.1",
-                          f"trainer.shared_prefix={str(shared_prefix).lower()}", *extra], cache_dir)
+    cfg = compose_config(["model=tiny", "optim.lr=1e-3", "learner.micro_batch_size=2", "algorithm.clip_eps_low=0.1",
+                          f"learner.shared_prefix={str(shared_prefix).lower()}", *extra], cache_dir)
     out = tmp_path / "rank0.pt"
     mp.start_processes(_rank, args=(2, str(tmp_path / "init"), cfg, tiny_path, out, cut), nprocs=2,
                        start_method="spawn")
@@ -182,26 +182,33 @@ def _torchrun(args: list[str], cache: Path, cwd: Path):
 
 
 def test_two_ranks_train_as_one_process(tmp_path, cache_dir):
-    """`trainer.nproc_per_node=2` and `torchrun --nproc_per_node 2` sample exactly what one process samples
+    """`launch.nproc_per_node=2` and `torchrun --nproc_per_node 2` sample exactly what one process samples
     (each rank its share of the prompts, seeded as one process seeds them), make the same updates, write
-    one record per step (rank 0 alone) into one run dir, and end with the same model."""
+    one record per step (rank 0 alone) into one run dir, and end with the same model. Both start on an
+    empty cache, where the tiny model is built once, whole, whichever way the ranks start (transformers
+    writes a model's weights and config on torch.distributed's rank 0 only: each rank building its own
+    copy left a folder of tokenizer files alone, and the run failed)."""
     from safetensors.torch import load_file
 
     from .conftest import run_cli
 
-    runs = {}
-    for name, extra in (("one", []), ("two", ["trainer.nproc_per_node=2"])):
+    runs, caches = {}, {"one": cache_dir, "two": tmp_path / "cache-two", "torchrun": tmp_path / "cache-torchrun"}
+    for name, extra in (("one", []), ("two", ["launch.nproc_per_node=2"])):
         runs[name] = tmp_path / name
-        result = run_cli([*TRAIN, "trainer.max_steps=2", f"hydra.run.dir={runs[name]}", *extra], cache_dir, timeout=900)
+        result = run_cli([*TRAIN, "trainer.max_steps=2", f"hydra.run.dir={runs[name]}", *extra], caches[name],
+                         timeout=900)
         assert result.returncode == 0, result.stderr[-3000:]
     # under torchrun each rank's Hydra names a run dir of its own (the time in it may differ): rank 0's is used
-    result = _torchrun([*TRAIN, "trainer.max_steps=2"], cache_dir, tmp_path)
+    result = _torchrun([*TRAIN, "trainer.max_steps=2"], caches["torchrun"], tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     made = [p.parent for p in (tmp_path / "outputs").glob("*/*/metrics.jsonl")]
     assert len(made) == 1, made
     assert [p for p in (tmp_path / "outputs").glob("*/*") if p.is_dir()] == made  # no second, empty run dir
     runs["torchrun"] = made[0]
     for name in ("two", "torchrun"):
+        models = caches[name] / "models"
+        assert sorted(p.name for p in models.iterdir()) == ["tiny"], name
+        assert {"config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in (models / "tiny").iterdir()}
         records = _records(runs[name])
         assert [r["step"] for r in records] == [0, 1, 2, 2], name  # eval, two steps, final eval: written once
         _same_run(runs["one"], runs[name], steps=(1, 2))
@@ -213,58 +220,28 @@ def test_two_ranks_train_as_one_process(tmp_path, cache_dir):
     assert any((one[k] != load_file(cache_dir / "models" / "tiny" / "model.safetensors")[k]).any() for k in one)
 
 
-def test_a_model_is_built_once_across_processes(tmp_path):
-    """On a fresh cache the tiny model is built once, whole, whichever way the ranks start. (transformers
-    writes a model's weights and config on torch.distributed's rank 0 only: each rank building its own
-    copy left a folder of tokenizer files alone, and the run failed.)"""
-    from .conftest import run_cli
-
-    for way in ("launched", "torchrun"):
-        cache = tmp_path / way / "cache"
-        if way == "launched":
-            result = run_cli([*TRAIN, "trainer.max_steps=1", "trainer.nproc_per_node=2",
-                              f"hydra.run.dir={tmp_path / way / 'run'}"], cache, timeout=900)
-        else:
-            (tmp_path / way).mkdir()
-            result = _torchrun([*TRAIN, "trainer.max_steps=1"], cache, tmp_path / way)
-        assert result.returncode == 0, (way, result.stderr[-3000:])
-        assert sorted(p.name for p in (cache / "models").iterdir()) == ["tiny"], way
-        assert {"config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in (cache / "models" / "tiny").iterdir()}
-
-
-def test_two_ranks_train_as_one_process_with_dapo(tmp_path, cache_dir):
-    """DAPO (the default algorithm) keeps only the groups whose rewards differ: here 1, 3 and 1 of 4 at steps
-    1-3, so at steps 1 and 3 rank 0 has no group to learn on. Two ranks still make the one-process updates."""
+def test_dapo_on_two_ranks_and_resume_with_another_world_size(tmp_path, cache_dir):
+    """DAPO keeps only the groups whose rewards differ: here 1, 3 and 1 of 4 at steps 1-3, so at steps 1
+    and 3 rank 0 has no group to learn on; two ranks still make the one-process updates. A checkpoint of
+    one process resumes on two ranks and one of two ranks on one process, each continuing exactly as the
+    uninterrupted run (the optimizer state included: step 3's update depends on it)."""
     from safetensors.torch import load_file
 
     from .conftest import run_cli
 
-    runs = {}
-    for name, extra in (("one", []), ("two", ["trainer.nproc_per_node=2"])):
-        runs[name] = tmp_path / name
-        result = run_cli([*TRAIN, "algorithm=dapo", "trainer.max_steps=3", f"hydra.run.dir={runs[name]}", *extra],
-                         cache_dir, timeout=900)
-        assert result.returncode == 0, result.stderr[-3000:]
-    assert [_train_metrics(runs["one"])[s]["groups/trained"] for s in (1, 2, 3)] == [1, 3, 1]
-    _same_run(runs["one"], runs["two"], steps=(1, 2, 3))
-    one, two = (load_file(runs[name] / "model" / "model.safetensors") for name in ("one", "two"))
-    for key in one:
-        assert torch.allclose(one[key], two[key], atol=1e-6), key
-
-
-def test_resume_with_another_world_size(tmp_path, cache_dir):
-    """A checkpoint of one process resumes on two ranks and one of two ranks on one process, each continuing
-    exactly as the uninterrupted run (the optimizer state included: step 3's update depends on it)."""
-    from .conftest import run_cli
-
-    whole, two, back = tmp_path / "whole", tmp_path / "two", tmp_path / "back"
-    base = [*TRAIN, "trainer.max_steps=3", "trainer.save_every=1", "trainer.keep_last=0", "trainer.save_model=false"]
-    for run_dir, extra in ((whole, []),
-                           (two, ["trainer.nproc_per_node=2", f"trainer.resume={whole}/checkpoints/step-000001"]),
-                           (back, [f"trainer.resume={two}/checkpoints/step-000002"])):
+    whole, two, resumed, back = tmp_path / "whole", tmp_path / "two", tmp_path / "resumed", tmp_path / "back"
+    base = [*TRAIN, "algorithm=dapo", "trainer.max_steps=3", "trainer.save_every=1", "trainer.keep_last=0"]
+    for run_dir, extra in ((whole, []), (two, ["launch.nproc_per_node=2", "trainer.save_every=0"]),
+                           (resumed, ["launch.nproc_per_node=2", f"trainer.resume={whole}/checkpoints/step-000001"]),
+                           (back, [f"trainer.resume={resumed}/checkpoints/step-000002"])):
         result = run_cli([*base, f"hydra.run.dir={run_dir}", *extra], cache_dir, timeout=900)
         assert result.returncode == 0, result.stderr[-3000:]
-    _same_run(whole, two, steps=(2, 3))
+    assert [_train_metrics(whole)[s]["groups/trained"] for s in (1, 2, 3)] == [1, 3, 1]
+    _same_run(whole, two, steps=(1, 2, 3))
+    one, other = (load_file(run_dir / "model" / "model.safetensors") for run_dir in (whole, two))
+    for key in one:
+        assert torch.allclose(one[key], other[key], atol=1e-6), key
+    _same_run(whole, resumed, steps=(2, 3))
     _same_run(whole, back, steps=(3,))
 
 
@@ -315,7 +292,7 @@ def _signal_rank_1(sig: int, tmp_path: Path, cache_dir: Path, *overrides: str):
     import psutil
 
     run_dir = tmp_path / "run"
-    process = _start([*TRAIN, "trainer.max_steps=500", "trainer.save_every=1", "trainer.nproc_per_node=2",
+    process = _start([*TRAIN, "trainer.max_steps=500", "trainer.save_every=1", "launch.nproc_per_node=2",
                       *overrides, f"hydra.run.dir={run_dir}"], cache_dir)
     workers: list[int] = []
     try:
@@ -350,12 +327,12 @@ def test_a_killed_rank_stops_the_group_naming_it(tmp_path, cache_dir):
 
 def test_a_hung_rank_stops_the_group_within_the_timeout(tmp_path, cache_dir):
     """SIGSTOP one rank mid-run (a hang: alive, silent): the other's next collective gives up after
-    trainer.dist_timeout_s, and the launcher stops the group with one message naming the hung rank."""
+    launch.dist_timeout_s, and the launcher stops the group with one message naming the hung rank."""
     import signal
 
-    code, out, workers = _signal_rank_1(signal.SIGSTOP, tmp_path, cache_dir, "trainer.dist_timeout_s=20")
+    code, out, workers = _signal_rank_1(signal.SIGSTOP, tmp_path, cache_dir, "launch.dist_timeout_s=20")
     assert code == 1, out[-3000:]
-    assert (f"rank 0 (pid {min(workers)}) gave up waiting for the other ranks after trainer.dist_timeout_s=20 s "
+    assert (f"rank 0 (pid {min(workers)}) gave up waiting for the other ranks after launch.dist_timeout_s=20 s "
             "(rank 1 of this node never joined that collective: hung?); the other ranks were stopped. "
             "The last complete checkpoint is") in out, out[-3000:]
 
@@ -372,7 +349,7 @@ def _stall_after_step_1(tmp_path: Path, cache_dir: Path, seconds: float):
     stall = ["reward=digits", "reward.terms.digits._target_=tests.slow_rewards.stall",
              f"+reward.terms.digits.kwargs.gate={gate}", f"+reward.terms.digits.kwargs.started={started}",
              f"+reward.terms.digits.kwargs.seconds={seconds}"]
-    process = _start([*TRAIN, "trainer.max_steps=500", "trainer.nproc_per_node=2", "reward.timeout_s=null", *stall,
+    process = _start([*TRAIN, "trainer.max_steps=500", "launch.nproc_per_node=2", "reward.timeout_s=null", *stall,
                       f"hydra.run.dir={run_dir}"], cache_dir, {"PYTHONPATH": str(REPO)})
     _wait_for_step(run_dir, 1, process)
     workers = _workers(process.pid)
@@ -461,7 +438,7 @@ def test_the_slurm_script_composes_a_run_across_nodes(tmp_path):
     assert "hydra.run.dir=outputs/slurm-4242" in overrides
     cfg = compose_config([o for o in overrides if not o.startswith("hydra.")])
     check(cfg)
-    t = cfg.trainer
+    t = cfg.launch
     assert (t.nproc_per_node, t.nnodes, t.node_rank, t.rdzv_endpoint) == (8, 2, 1, "gpu-a17:29500")
     assert cfg.optim.lr == 3e-6 and cfg.data.batch_size == 64
     assert cfg.logger.name == "my run"  # an override with a space arrives as one argument
@@ -469,9 +446,9 @@ def test_the_slurm_script_composes_a_run_across_nodes(tmp_path):
 
 def test_what_cannot_run_across_processes_fails_at_start(tmp_path, cache_dir):
     """LoRA across processes is refused by the launcher itself, before any rank starts, naming the key."""
-    from .conftest import run_cli
+    from .conftest import cli_here
 
-    result = run_cli([*TRAIN, "trainer.nproc_per_node=2", "model.lora.r=8", f"hydra.run.dir={tmp_path / 'run'}"],
+    result = cli_here([*TRAIN, "launch.nproc_per_node=2", "model.lora.r=8", f"hydra.run.dir={tmp_path / 'run'}"],
                      cache_dir)
     assert result.returncode == 1
     assert "model.lora.r: LoRA is not supported across processes yet" in result.stderr

@@ -90,7 +90,7 @@ def test_sync_serves_new_weights_and_a_skipped_sync_is_caught(parts):
 
 def test_a_missed_sync_is_caught_whatever_the_tolerance(parts):
     """The engine's canary logprobs must move when the learner's do. With a tolerance too wide to see
-    any difference (bf16's kernel noise forces a wide one: README, Mixed precision), a missed sync is
+    any difference (bf16's kernel noise forces a wide one: docs/precision.md), a missed sync is
     still caught; checks with nothing changed on either side, and an honest sync, pass."""
     cfg, learner, engine = parts
     engine.load_weights(learner.named_weights())

@@ -115,9 +115,20 @@ def test_missing_files_unknown_formats_and_too_few_rows(tmp_path):
         read_rows(str(tmp_path / "data.txt"))
     with pytest.raises(DataError, match="cannot load it as a Hugging Face dataset"):
         read_rows(str(tmp_path), format="hf")  # a folder that save_to_disk did not write
-    path = write(tmp_path / "few.jsonl", ROWS[:3], "jsonl")
-    with pytest.raises(DataError, match="has 3 rows: too few to hold out data.eval_size=64"):
+    path = write(tmp_path / "one.jsonl", ROWS[:1], "jsonl")
+    with pytest.raises(DataError, match=r"has 1 row\(s\): too few to hold out any for evaluation"):
         DatasetTask(str(path), prompt_key="question")
+
+
+@pytest.mark.parametrize(("rows", "held_out"), [(2, 1), (10, 2), (64, 13), (400, 64)])
+def test_a_file_smaller_than_eval_size_holds_out_a_fifth(tmp_path, caplog, rows, held_out):
+    """data.eval_size=64 (the default) of a 10-row file would leave nothing to train on: a file shorter than
+    twice eval_size gives a fifth of its rows to evaluation, and the log says how many rows went where."""
+    path = write(tmp_path / "d.jsonl", [{"question": f"q{i}", "answer": str(i)} for i in range(rows)], "jsonl")
+    with caplog.at_level("INFO"):
+        task = DatasetTask(str(path), prompt_key="question")
+    assert (len(task.eval), len(task.train)) == (held_out, rows - held_out)
+    assert f"data: {held_out} of the {rows} rows of {path} held out for evaluation" in caplog.text
 
 
 def test_order_is_seeded_covers_every_row_each_epoch_and_resumes(tmp_path):

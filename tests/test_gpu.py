@@ -33,8 +33,8 @@ def test_the_learners_forwards_leave_cudnn_attention_out(cache_dir, tiny_path):
 
     from .conftest import compose_config
 
-    cfg = compose_config(["model=tiny", "trainer.precision=bf16-mixed"], cache_dir)
-    learner = Learner(tiny_path, cfg.optim, cfg.algorithm, cfg.trainer, 1.0, 8, "cuda",
+    cfg = compose_config(["model=tiny", "learner.precision=bf16-mixed"], cache_dir)
+    learner = Learner(tiny_path, cfg.optim, cfg.algorithm, cfg.learner, 1.0, 8, "cuda",
                       resolve("bf16-mixed", "auto", None, "cuda"))
     q = torch.randn(2, 4, 40, 64, device="cuda", requires_grad=True)
     mask = torch.ones(40, 40, dtype=torch.bool, device="cuda").tril()[None, None]

@@ -22,7 +22,7 @@ from .conftest import compose_config
 
 def _learner(cache_dir, tiny_path, *overrides) -> Learner:
     cfg = compose_config(["model=tiny", "optim.lr=1e-2", "rollout.max_tokens=12", *overrides], cache_dir)
-    return Learner(tiny_path, cfg.optim, cfg.algorithm, cfg.trainer, cfg.rollout.temperature,
+    return Learner(tiny_path, cfg.optim, cfg.algorithm, cfg.learner, cfg.rollout.temperature,
                    cfg.rollout.max_tokens, "cpu")
 
 
@@ -54,8 +54,8 @@ def _params(learner):
     ["algorithm.tis_cap=2.0"],
 ])
 def test_micro_batching_does_not_change_the_update(cache_dir, tiny_path, extra):
-    whole = _learner(cache_dir, tiny_path, "trainer.micro_batch_size=8", *extra)
-    split = _learner(cache_dir, tiny_path, "trainer.micro_batch_size=3", *extra)
+    whole = _learner(cache_dir, tiny_path, "learner.micro_batch_size=8", *extra)
+    split = _learner(cache_dir, tiny_path, "learner.micro_batch_size=3", *extra)
     a, b = whole.step(_batch()), split.step(_batch())
     assert a["loss"] == pytest.approx(b["loss"], abs=1e-6)
     assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4)
@@ -147,7 +147,7 @@ def test_tis_from_the_update_s_own_forward_is_the_objective_of_the_whole_batch(c
     (micro-batches of 3, shared prefix), which run at the old weights: the same loss, clipped tokens,
     mismatch and gradient as the pure objective on one plain forward of the whole batch, whose own
     detached logprobs are the old policy (and, at the first step, the KL reference)."""
-    own = _learner(cache_dir, tiny_path, "trainer.micro_batch_size=3", *extra)
+    own = _learner(cache_dir, tiny_path, "learner.micro_batch_size=3", *extra)
     by_hand = _learner(cache_dir, tiny_path, *extra)
     batch = _batch()
     batch.old_logprobs = batch.old_logprobs + 0.05 * torch.randn_like(batch.old_logprobs)  # a sampler mismatch
@@ -194,7 +194,7 @@ def test_compiled_decoder_layers_compute_what_eager_ones_do(cache_dir, tiny_path
     torch._dynamo.reset()  # compile afresh here, whatever other tests compiled in this process
     if kernel == "sdpa":
         monkeypatch.setattr(kernels, "EAGER_MAX_ELEMENTS", 0)
-    eager, compiled = (_learner(cache_dir, tiny_path, f"trainer.compile={c}", *extra) for c in ("false", "true"))
+    eager, compiled = (_learner(cache_dir, tiny_path, f"learner.compile={c}", *extra) for c in ("false", "true"))
     if extra:  # LoRA's B starts at 0, which would leave A without a gradient
         with torch.no_grad():
             for name, p in eager.model.named_parameters():
@@ -234,6 +234,6 @@ def test_compile_auto_only_where_it_was_measured_to_help(setting, bf16, device, 
 
 def test_compile_without_a_cxx_compiler_is_refused_or_skipped(cache_dir, tiny_path, monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", str(tmp_path))  # a PATH with no g++ on it
-    with pytest.raises(ModelError, match=r"trainer.compile=true needs a C\+\+ compiler \(g\+\+\)"):
-        _learner(cache_dir, tiny_path, "trainer.compile=true")
+    with pytest.raises(ModelError, match=r"learner.compile=true needs a C\+\+ compiler \(g\+\+\)"):
+        _learner(cache_dir, tiny_path, "learner.compile=true")
     assert compile_choice("auto", True, "cpu") == (False, "no C++ compiler (g++) for torch.compile's CPU code")

@@ -38,7 +38,7 @@ def parts(cache_dir, tiny_path):
     cfg = compose_config(["model=tiny", "model.lora.r=4", "optim.lr=1e-2", "rollout.max_tokens=16",
                           "algorithm.kl.coef=0.1"], cache_dir)
     torch.manual_seed(0)
-    learner = Learner(tiny_path, cfg.optim, cfg.algorithm, cfg.trainer, cfg.rollout.temperature,
+    learner = Learner(tiny_path, cfg.optim, cfg.algorithm, cfg.learner, cfg.rollout.temperature,
                       cfg.rollout.max_tokens, "cpu", lora=cfg.model.lora)
     engine = VllmEngine(tiny_path, cfg.rollout, "float32", seed=0, device="cpu", cache_dir=cache_dir)
     ids = [render(learner.tokenizer, p) for p in PROMPTS]
@@ -94,7 +94,7 @@ def test_bad_lora_settings_fail_naming_the_key(tiny_path, cache_dir):
         check(compose_config(["model=tiny", "model.lora.r=-1"]))
     cfg = compose_config(["model=tiny", "model.lora.r=4", "model.lora.target_modules=[c_attn]"], cache_dir)
     with pytest.raises(ModelError, match="model.lora.target_modules: this model has no layer named c_attn"):
-        Learner(tiny_path, cfg.optim, cfg.algorithm, cfg.trainer, 1.0, 16, "cpu", lora=cfg.model.lora)
+        Learner(tiny_path, cfg.optim, cfg.algorithm, cfg.learner, 1.0, 16, "cpu", lora=cfg.model.lora)
 
 
 LORA = [*RUN, "model.lora.r=4", "model.lora.alpha=8", "optim.lr=1e-2", "algorithm.kl.coef=0.05",

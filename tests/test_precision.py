@@ -41,9 +41,9 @@ def test_explicit_settings_win_and_bf16_without_the_unit_warns(monkeypatch, capl
 
 def test_bf16_mixed_keeps_float32_masters_and_computes_in_bf16(cache_dir, tiny_path):
     cfg = compose_config(["model=tiny", "optim.lr=1e-2", "rollout.max_tokens=12"], cache_dir)
-    mixed = Learner(tiny_path, cfg.optim, cfg.algorithm, cfg.trainer, cfg.rollout.temperature, cfg.rollout.max_tokens,
+    mixed = Learner(tiny_path, cfg.optim, cfg.algorithm, cfg.learner, cfg.rollout.temperature, cfg.rollout.max_tokens,
                     "cpu", precision.resolve("bf16-mixed", "auto", None, "cpu"))
-    full = Learner(tiny_path, cfg.optim, cfg.algorithm, cfg.trainer, cfg.rollout.temperature, cfg.rollout.max_tokens,
+    full = Learner(tiny_path, cfg.optim, cfg.algorithm, cfg.learner, cfg.rollout.temperature, cfg.rollout.max_tokens,
                    "cpu", precision.resolve("fp32", "auto", None, "cpu"))
     batch = _batch()
     logp_mixed, logp_full = mixed.batch_logprobs(batch), full.batch_logprobs(batch)
@@ -68,7 +68,7 @@ def test_a_bf16_mixed_run_trains_with_a_bf16_engine(tmp_path, cache_dir, tiny_pa
     run_dir = tmp_path / "run"
     result = run_cli(["train", "+experiment=multiplication", "model=tiny", "data.batch_size=2", "algorithm.group_size=4",
                       "rollout.max_tokens=16", "data.eval_size=4", "reward=digits", "optim.lr=1e-3",
-                      "trainer.max_steps=2", "trainer.precision=bf16-mixed", f"hydra.run.dir={run_dir}"],
+                      "trainer.max_steps=2", "learner.precision=bf16-mixed", f"hydra.run.dir={run_dir}"],
                      cache=cache_dir)
     assert result.returncode == 0, result.stderr[-3000:]
     manifest = json.loads((run_dir / "manifest.json").read_text())
@@ -78,7 +78,7 @@ def test_a_bf16_mixed_run_trains_with_a_bf16_engine(tmp_path, cache_dir, tiny_pa
     # the bf16 engine samples what the learner scores: mismatch above float32 noise, within the bf16 canary
     assert all(1e-4 < s["sync/logprob_max_diff"] for s in steps)
     assert "precision: learner bf16-mixed, engine bfloat16" in (run_dir / "train.log").read_text()
-    # trainer.compile=auto compiles the decoder layers under bf16-mixed on the CPU (where g++ is there)
+    # learner.compile=auto compiles the decoder layers under bf16-mixed on the CPU (where g++ is there)
     assert manifest["compiled"] is (shutil.which("g++") is not None)
     # the float32 checkpoint cast to the bf16 engine's dtype is what was asked for: no line per weight
     assert "Attempted to load weight" not in result.stdout + result.stderr

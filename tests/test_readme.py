@@ -1,19 +1,22 @@
-"""Every `rlvr train` / `rlvr eval` command in README.md's code blocks composes as a shell would pass
-it, and passes the checks a run makes before anything loads (values, combinations, unknown keys)."""
+"""Every `rlvr train` / `rlvr eval` command in the code blocks of README.md and docs/*.md composes as a
+shell would pass it, and passes the checks a run makes before anything loads (values, combinations,
+unknown keys)."""
 
 from __future__ import annotations
 
 import itertools
 import re
 import shlex
+from pathlib import Path
 
 import pytest
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
+from rlvr.cli import CONFIG_DIR
 from rlvr.config import check
-from rlvr.keys import unknown_keys
+from rlvr.keys import check_overrides, unknown_keys
 
-from .conftest import REPO, compose_config
+from .conftest import REPO, compose_config, compose_dictconfig
 
 # Placeholders a reader fills in, and what stands in for them here (compose does not touch the paths).
 FILLED = {"outputs/…/model": "/tmp/rlvr-readme/run/model", "<same dir>": "/tmp/rlvr-readme/run"}
@@ -21,11 +24,21 @@ FILLED = {"outputs/…/model": "/tmp/rlvr-readme/run/model", "<same dir>": "/tmp
 FLAGS = {"--help", "--cfg", "-m", "--multirun"}
 
 
+PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+
+
 def readme_commands() -> list[str]:
-    """The `rlvr train|eval` command lines of README.md's code blocks (fenced, or indented by four
-    spaces), with backslash continuations joined."""
+    """The `rlvr train|eval` command lines of the code blocks (fenced, or indented by four spaces) of
+    README.md and the docs, with backslash continuations joined."""
+    commands = []
+    for page in PAGES:
+        commands += _commands(page.read_text())
+    return commands
+
+
+def _commands(text: str) -> list[str]:
     commands, fenced, pending = [], False, ""
-    for line in (REPO / "README.md").read_text().splitlines():
+    for line in text.splitlines():
         if line.startswith("```"):
             fenced = not fenced
             continue
@@ -79,9 +92,9 @@ def test_a_readme_command_composes_and_passes_the_checks(command):
     if isinstance(jobs, str):
         pytest.skip(jobs)
     for overrides in jobs:
-        cfg = compose_config(overrides)
-        check(cfg)
-        unknown_keys(cfg)
+        check_overrides(overrides, Path(CONFIG_DIR), [])
+        unknown_keys(compose_dictconfig(overrides))
+        check(compose_config(overrides))
 
 
 def test_the_prompt_template_arrives_as_written():

@@ -8,12 +8,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 
 from rlvr.prompts import render
 from rlvr.rewards import RewardError, Rewards
 from rlvr.rewards.models import Judge, RewardModel
 from rlvr.types import Prompt, Rollout
+
+from .conftest import reward_config
 
 PROMPTS = [Prompt([{"role": "user", "content": f"What is {a} * 7?"}], str(7 * a)) for a in (3, 12, 456)]
 COMPLETIONS = ["21", "<answer>84</answer> because 12 * 7 = 84", "I think it is 3190, give or take a few"]
@@ -50,8 +51,7 @@ def test_reward_model_scores_a_batch_as_it_scores_each_alone(reward_model):
 
 
 def _rewards(terms: dict, **extra) -> Rewards:
-    return Rewards(OmegaConf.create({"terms": terms, "correct_term": "correct", "timeout_s": 10.0, "error_value": 0.0,
-                                     "workers": 0, "combine": "sum_then_normalise", **extra}))
+    return Rewards(reward_config(terms, **{"correct_term": "correct", **extra}))
 
 
 CORRECT = {"_target_": "rlvr.rewards.answer.numeric_match", "weight": 1.0, "kwargs": {}}

@@ -12,13 +12,11 @@ import sys
 import time
 
 import pytest
-from omegaconf import OmegaConf
 
-from rlvr.config import RewardConfig
 from rlvr.rewards import RewardError, Rewards, answer, combine, equivalence, structured, tags, text
 from rlvr.types import Prompt, Rollout
 
-from .conftest import REPO
+from .conftest import REPO, reward_config
 
 P = Prompt(messages=[], answer="1932")
 
@@ -170,8 +168,7 @@ def test_answer_format(completion, expected):
 
 
 def _rewards(terms: dict, **settings) -> Rewards:
-    schema = OmegaConf.structured(RewardConfig)
-    return Rewards(OmegaConf.merge(schema, {"terms": terms, "correct_term": next(iter(terms)), **settings}))
+    return Rewards(reward_config(terms, **settings))
 
 
 def _rollout(text: str, prompt: Prompt = P) -> Rollout:
@@ -293,16 +290,15 @@ def test_a_worker_that_died_while_idle_is_replaced():
 # reward workers must go on scoring the calls they hold and the ones still to come.
 CTRL_C = """
 import json, signal
-from omegaconf import OmegaConf
-from rlvr.config import RewardConfig
 from rlvr.rewards import Rewards
+from tests.conftest import reward_config
 from rlvr.types import Prompt, Rollout
 
 noted = []
 signal.signal(signal.SIGINT, lambda signum, frame: noted.append(signum))
 cfg = {"terms": {"nap": {"_target_": "tests.slow_rewards.nap", "kwargs": {"seconds": 0.5}}},
        "correct_term": "nap", "workers": 2, "timeout_s": 60}
-rewards = Rewards(OmegaConf.merge(OmegaConf.structured(RewardConfig), cfg))
+rewards = Rewards(reward_config(**cfg))
 batch = lambda n: [Rollout(prompt=Prompt(messages=[], answer="1"), group=0, prompt_ids=[], completion_ids=[],
                            sampler_logprobs=[], text="x", finish_reason="stop") for _ in range(n)]
 first, second = batch(2), batch(8)

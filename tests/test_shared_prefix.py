@@ -31,8 +31,8 @@ def smollm2_path(cache_dir):
 
 def _learner(cache_dir, path, shared: bool, *overrides) -> Learner:
     cfg = compose_config(["model=tiny", "optim.lr=1e-2", "rollout.max_tokens=12", "algorithm.group_size=4",
-                          f"trainer.shared_prefix={str(shared).lower()}", *overrides], cache_dir)
-    return Learner(path, cfg.optim, cfg.algorithm, cfg.trainer, cfg.rollout.temperature,
+                          f"learner.shared_prefix={str(shared).lower()}", *overrides], cache_dir)
+    return Learner(path, cfg.optim, cfg.algorithm, cfg.learner, cfg.rollout.temperature,
                    cfg.rollout.max_tokens, "cpu")
 
 
@@ -77,7 +77,7 @@ def _compare(full: Learner, shared: Learner, batch, logprob_tol=1e-5, grad_rtol=
 @pytest.mark.parametrize("preset", PRESETS)
 def test_shared_prefix_equals_full_rows_on_the_tiny_model(cache_dir, tiny_path, preset, kl):
     # micro-batches of 3 rows split the groups of 4; KL in the loss runs the reference model too
-    extra = [f"algorithm={preset}", "trainer.micro_batch_size=3", *(["algorithm.kl.coef=0.1"] if kl else [])]
+    extra = [f"algorithm={preset}", "learner.micro_batch_size=3", *(["algorithm.kl.coef=0.1"] if kl else [])]
     full = _learner(cache_dir, tiny_path, False, *extra)
     shared = _learner(cache_dir, tiny_path, True, *extra)
     batch = _batch(full)
@@ -88,7 +88,7 @@ def test_shared_prefix_equals_full_rows_on_the_tiny_model(cache_dir, tiny_path, 
 @pytest.mark.slow
 @pytest.mark.parametrize("preset", PRESETS)
 def test_shared_prefix_equals_full_rows_on_the_default_model(cache_dir, smollm2_path, preset):
-    extra = [f"algorithm={preset}", "trainer.micro_batch_size=5", "algorithm.kl.coef=0.05"]
+    extra = [f"algorithm={preset}", "learner.micro_batch_size=5", "algorithm.kl.coef=0.05"]
     full = _learner(cache_dir, smollm2_path, False, *extra)
     shared = _learner(cache_dir, smollm2_path, True, *extra)
     # float32 sums in another order over 30 layers: logprobs of -5..-25 agree to ~1e-5, and GSPO's

@@ -1,5 +1,5 @@
 """Tasks and rewards chosen in config, end to end through the CLI on model=tiny: function picking,
-a dataset file, the README's plug-in example, and a bad dataset that must fail at start."""
+a dataset file, the docs' plug-in example, and a bad dataset that must fail at start."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import REPO, run_cli
+from .conftest import REPO, cli_here, run_cli
 from .test_files import write
 
 pytestmark = pytest.mark.slow
@@ -49,7 +49,7 @@ def test_a_dataset_with_a_missing_column_fails_at_start_naming_file_row_and_colu
     rows = [{"question": "a", "answer": "1"}] * 5 + [{"question": "b"}]
     path = write(tmp_path / "bad.jsonl", rows, "jsonl")
     run_dir = tmp_path / "run"
-    result = run_cli(["train", "data=jsonl", f"data.path={path}", "data.prompt_key=question", "reward=exact",
+    result = cli_here(["train", "data=jsonl", f"data.path={path}", "data.prompt_key=question", "reward=exact",
                       *TINY, f"hydra.run.dir={run_dir}"], cache=cache_dir)
     assert result.returncode == 1
     assert f"{path}, row 6: column 'answer' is missing" in result.stderr
@@ -57,14 +57,14 @@ def test_a_dataset_with_a_missing_column_fails_at_start_naming_file_row_and_colu
 
 
 def _readme_block(name: str) -> str:
-    """The code block of README.md that follows the marker comment `<!-- name -->`."""
-    found = re.search(rf"<!-- {name} -->\s*```\w*\n(.*?)```", (REPO / "README.md").read_text(), re.DOTALL)
-    assert found, f"README.md has no block marked {name}"
+    """The code block of docs/tasks.md that follows the marker comment `<!-- name -->`."""
+    found = re.search(rf"<!-- {name} -->\s*```\w*\n(.*?)```", (REPO / "docs" / "tasks.md").read_text(), re.DOTALL)
+    assert found, f"docs/tasks.md has no block marked {name}"
     return found.group(1)
 
 
 def test_the_readme_plugin_example_runs_as_documented(tmp_path, cache_dir):
-    """The README's plug-in (a reward module, a task module and their YAML files) works as written."""
+    """The docs' plug-in (docs/tasks.md: a reward module, a task module and their YAML files) works as written."""
     package = tmp_path / "my_pkg"
     package.mkdir()
     (package / "__init__.py").write_text("")

@@ -25,7 +25,7 @@ from rlvr.tools import ToolBox, ToolConfigError, load_tools, parse_call
 from rlvr.tools.calculator import calculator
 from rlvr.tools.python import python
 
-from .conftest import compose_config, run_cli
+from .conftest import cli_here, compose_config, run_cli
 
 CALCULATOR = {"_target_": "rlvr.tools.calculator.calculator", "description": "Evaluate arithmetic.",
               "parameters": {"type": "object", "properties": {"expression": {"type": "string"}},
@@ -162,7 +162,8 @@ def tool_model(tmp_path_factory, tiny_path) -> Path:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(tiny_path)
-    box = build_tools(compose_config(["tools=calculator"]))  # the prompts see the calculator of configs/tools/
+    cfg = compose_config(["tools=calculator"])
+    box = build_tools(cfg.tools, cfg.rollout)  # the prompts see the calculator of configs/tools/
     turns = ToolRollouts(None, tok, box, 64, 3, None, 1024)
     rows = []
     for a, b in TAUGHT:
@@ -209,8 +210,8 @@ def test_multi_turn_rollouts_train_on_exactly_the_engines_tokens(backend, tool_m
 
     cfg = compose_config(["model=local", f"model.path={tool_model}", "tools=calculator", "rollout.temperature=1.0",
                           "rollout.max_tokens=64", f"rollout.backend={backend}"], cache_dir)
-    learner = Learner(tool_model, cfg.optim, cfg.algorithm, cfg.trainer, 1.0, 64, "cpu")
-    box = build_tools(cfg)
+    learner = Learner(tool_model, cfg.optim, cfg.algorithm, cfg.learner, 1.0, 64, "cpu")
+    box = build_tools(cfg.tools, cfg.rollout)
     engine = CountingEngine(build_engine(tool_model, cfg.rollout, "float32", 0, "cpu", cache_dir))
     turns = ToolRollouts(engine, learner.tokenizer, box, 64, cfg.rollout.max_turns, None, cfg.rollout.max_model_len)
     prompts = [_prompt(a, b) for a, b in TAUGHT[:2]]
@@ -276,8 +277,8 @@ def test_rlvr_trains_with_the_calculator(tmp_path, tool_model, cache_dir):
 
 
 def test_a_bad_tool_fails_at_start_in_one_line(tmp_path, cache_dir):
-    result = run_cli(["train", "model=tiny", "tools=calculator", "tools.calculator.parameters.type=objekt",
-                      f"hydra.run.dir={tmp_path / 'run'}"], cache=cache_dir, timeout=120)
+    result = cli_here(["train", "model=tiny", "tools=calculator", "tools.calculator.parameters.type=objekt",
+                      f"hydra.run.dir={tmp_path / 'run'}"], cache=cache_dir)
     assert result.returncode == 1
     assert "tools.calculator.parameters is not a valid JSON schema" in result.stderr
     assert not (tmp_path / "run" / "metrics.jsonl").exists()

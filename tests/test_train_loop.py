@@ -17,7 +17,7 @@ from rlvr.rollout.engine import WeightSyncError
 from rlvr.rollout.vllm_engine import VllmEngine
 from rlvr.train import collect_groups, shaped_scores, train
 
-from .conftest import compose_config, run_cli
+from .conftest import cli_here, compose_config
 
 pytestmark = pytest.mark.slow
 
@@ -48,7 +48,7 @@ def test_a_sabotaged_sync_stops_the_run_with_the_canary_message(tmp_path, cache_
     monkeypatch.setattr(VllmEngine, "load_weights", sabotage)
     lr = "1e-2" if precision == "fp32" else "1e-4"  # bf16: an update whose effect stays inside the tolerance
     cfg = compose_config([*SMALL, "reward=digits", f"optim.lr={lr}", "trainer.max_steps=3",
-                          f"trainer.precision={precision}"], cache_dir)
+                          f"learner.precision={precision}"], cache_dir)
     with pytest.raises(WeightSyncError, match=message):
         train(cfg, tmp_path / "run")
     steps = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
@@ -61,7 +61,7 @@ def test_dynamic_sampling_keeps_groups_by_their_shaped_scores(cache_dir, tiny_pa
     cfg = compose_config([*SMALL, "algorithm=dapo", "algorithm.dynamic_sampling.max_rounds=1", "algorithm.overlong.mode=none",
                           "reward=first_digit", "reward.terms.first_digit.kwargs.prefix=[QQQ]"], cache_dir)
     rewards = Rewards(cfg.reward)
-    learner = Learner(tiny_path, cfg.optim, cfg.algorithm, cfg.trainer, cfg.rollout.temperature,
+    learner = Learner(tiny_path, cfg.optim, cfg.algorithm, cfg.learner, cfg.rollout.temperature,
                       cfg.rollout.max_tokens, "cpu")
     from rlvr.data import build_task
 
@@ -87,8 +87,8 @@ def test_dynamic_sampling_keeps_groups_by_their_shaped_scores(cache_dir, tiny_pa
 
 def test_prompts_that_cannot_fit_the_context_stop_the_run_at_start(tmp_path, cache_dir):
     # function picking on the tiny model's byte-level tokenizer: prompts of ~500-1200 tokens
-    result = run_cli(["train", "+experiment=function_picking", "model=tiny", "rollout.max_model_len=300",
-                      f"hydra.run.dir={tmp_path / 'run'}"], cache=cache_dir, timeout=300)
+    result = cli_here(["train", "+experiment=function_picking", "model=tiny", "rollout.max_model_len=300",
+                      f"hydra.run.dir={tmp_path / 'run'}"], cache=cache_dir)
     assert result.returncode == 1
     out = result.stdout + result.stderr
     assert "none of the" in out and "rollout.max_model_len=300" in out and "Traceback" not in out
@@ -96,8 +96,8 @@ def test_prompts_that_cannot_fit_the_context_stop_the_run_at_start(tmp_path, cac
 
 
 def test_a_kv_cache_too_small_for_one_sequence_is_named(tmp_path, cache_dir):
-    result = run_cli(["train", *SMALL, "rollout.kv_cache_gib=0.00001", f"hydra.run.dir={tmp_path / 'run'}"],
-                     cache=cache_dir, timeout=300)
+    result = cli_here(["train", *SMALL, "rollout.kv_cache_gib=0.00001", f"hydra.run.dir={tmp_path / 'run'}"],
+                     cache=cache_dir)
     assert result.returncode == 1
     out = result.stdout + result.stderr
     assert "rollout.kv_cache_gib=1e-05 cannot hold one sequence of rollout.max_model_len=1024" in out
@@ -108,8 +108,7 @@ def test_resume_auto_without_a_checkpoint_says_what_is_there(tmp_path, cache_dir
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     (run_dir / "metrics.jsonl").write_text('{"step": 0}\n')
-    result = run_cli(["train", *SMALL, "trainer.resume=auto", f"hydra.run.dir={run_dir}"], cache=cache_dir,
-                     timeout=300)
+    result = cli_here(["train", *SMALL, "trainer.resume=auto", f"hydra.run.dir={run_dir}"], cache=cache_dir)
     assert result.returncode == 1
     out = result.stdout + result.stderr
     assert "holds a run (metrics.jsonl) but no complete checkpoint" in out and "trainer.overwrite=true" in out

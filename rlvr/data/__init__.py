@@ -14,8 +14,7 @@ import zlib
 from pathlib import Path
 from typing import Protocol
 
-from omegaconf import DictConfig, OmegaConf
-
+from rlvr.config import TrainConfig, task_options
 from rlvr.errors import RlvrError
 from rlvr.types import Prompt
 
@@ -73,7 +72,7 @@ class TaskError(RlvrError, ValueError):
     """A task that cannot be built from the `data` config; the message says which key or file."""
 
 
-def build_task(cfg: DictConfig, model_path: Path | None = None) -> Task:
+def build_task(cfg: TrainConfig, model_path: Path | None = None) -> Task:
     """The task of `cfg.data`, built as the module docstring says."""
     from hydra.utils import get_class
 
@@ -81,7 +80,7 @@ def build_task(cfg: DictConfig, model_path: Path | None = None) -> Task:
         cls = get_class(cfg.data._target_)
     except Exception as e:  # hydra wraps the import error
         raise TaskError(f"data._target_={cfg.data._target_!r} cannot be imported: {e}") from e
-    kwargs = {k: v for k, v in OmegaConf.to_container(cfg.data, resolve=True).items() if k != "_target_"}
+    kwargs = task_options(cfg.data)
     params = inspect.signature(cls).parameters
     unknown = sorted(k for k in kwargs if k not in params) if not any(
         p.kind is p.VAR_KEYWORD for p in params.values()) else []

@@ -7,8 +7,9 @@ row's `prompt_key` column (or the row's chat messages, `messages_key`), an optio
 columns go into `Prompt.meta` for rewards that need them (e.g. a JSON schema per row). Every row is
 checked at start: a missing column or an empty prompt fails with the file, row and column.
 
-Evaluation uses `eval_path` when given, else `eval_size` rows held out from `path` (chosen with a
-fixed seed, so the same for every run). Training draws the other rows in a seeded shuffled order,
+Evaluation uses `eval_path` when given, else `eval_size` rows held out from `path` (a fifth of the
+file when `eval_size` would leave less than half of it to train on), chosen with a fixed seed, so the
+same for every run; the log says how many. Training draws the other rows in a seeded shuffled order,
 epoch after epoch. Rows whose prompt is longer than `max_prompt_tokens` under the model's chat template
 are dropped at load (the engine's context is checked for every task by `rlvr.prompts`).
 """
@@ -18,6 +19,7 @@ from __future__ import annotations
 import csv
 import json
 import logging
+import math
 import random
 from pathlib import Path
 
@@ -26,6 +28,10 @@ from rlvr.errors import RlvrError
 from rlvr.types import Prompt
 
 log = logging.getLogger(__name__)
+
+# Without data.eval_path, data.eval_size rows are held out when that leaves at least half the file to train
+# on; of a smaller file, this share.
+HELD_OUT_SHARE = 0.2
 
 FORMATS = ("auto", "jsonl", "json", "csv", "parquet", "hf")
 SUFFIXES = {".jsonl": "jsonl", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
@@ -133,10 +139,14 @@ class DatasetTask:
         if eval_path is not None:
             eval_prompts = [self._prompt(row, eval_path, i) for i, row in enumerate(read_rows(eval_path, format, eval_split), 1)]
         else:
-            if len(prompts) <= eval_size:
-                raise DataError(f"{path} has {len(prompts)} rows: too few to hold out data.eval_size={eval_size} for "
-                                "evaluation and train on the rest (lower data.eval_size or give data.eval_path)")
-            held_out = set(random.Random(12345).sample(range(len(prompts)), eval_size))  # fixed for every run
+            if len(prompts) < 2:
+                raise DataError(f"{path} has {len(prompts)} row(s): too few to hold out any for evaluation and train on "
+                                "the rest (give data.eval_path)")
+            n_eval = eval_size if 2 * eval_size <= len(prompts) else math.ceil(len(prompts) * HELD_OUT_SHARE)
+            held_out = set(random.Random(12345).sample(range(len(prompts)), n_eval))  # fixed for every run
+            log.info("data: %d of the %d rows of %s held out for evaluation (data.eval_size=%d, or %d %% of a file "
+                     "that is not twice as long), %d to train on", n_eval, len(prompts), path, eval_size,
+                     round(100 * HELD_OUT_SHARE), len(prompts) - n_eval)
             eval_prompts = [p for i, p in enumerate(prompts) if i in held_out]
             prompts = [p for i, p in enumerate(prompts) if i not in held_out]
         if tokenizer is not None and max_prompt_tokens is not None:

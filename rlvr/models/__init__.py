@@ -10,9 +10,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from hydra.utils import get_method
-from omegaconf import DictConfig
 
 from rlvr import distributed
+from rlvr.config import ModelConfig
 from rlvr.errors import RlvrError
 
 log = logging.getLogger(__name__)
@@ -22,7 +22,7 @@ class ModelError(RlvrError, ValueError):
     """A model folder that is missing or unusable; the message names the path and the fix."""
 
 
-def resolve(cfg: DictConfig, cache_dir: Path) -> Path:
+def resolve(cfg: ModelConfig, cache_dir: Path) -> Path:
     """The model folder of `cfg` (the `model` group), building it first when it is missing.
 
     Only folders inside `cache_dir` are built: a mistyped `model.path=outputs/…/model` must fail,
@@ -40,7 +40,7 @@ def resolve(cfg: DictConfig, cache_dir: Path) -> Path:
     return path
 
 
-def _build_if_missing(cfg: DictConfig, path: Path, cache_dir: Path) -> None:
+def _build_if_missing(cfg: ModelConfig, path: Path, cache_dir: Path) -> None:
     if path.exists():
         return
     if cfg.build is None or not path.resolve().is_relative_to(Path(cache_dir).expanduser().resolve()):

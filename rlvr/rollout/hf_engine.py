@@ -18,8 +18,8 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import torch
-from omegaconf import DictConfig
 
+from rlvr.config import RolloutConfig
 from rlvr.errors import EngineError, WeightSyncError
 from rlvr.kernels import attention_kernels
 from rlvr.logprobs import token_logprobs
@@ -36,7 +36,7 @@ STOP_WINDOW = 16
 class TransformersEngine:
     """A Hugging Face causal LM serving the current policy (the `rlvr.rollout.engine.Engine` interface)."""
 
-    def __init__(self, model_path: Path, cfg: DictConfig, dtype: str, seed: int, device: str):
+    def __init__(self, model_path: Path, cfg: RolloutConfig, dtype: str, seed: int, device: str):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.cfg, self.device = cfg, device

@@ -15,8 +15,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
-from omegaconf import DictConfig
-
+from rlvr.config import RolloutConfig
 from rlvr.prompts import render_with_tools
 from rlvr.rollout.engine import Engine
 from rlvr.tools import CALL_CLOSE, ToolBox, load_tools, parse_call
@@ -114,7 +113,7 @@ class ToolRollouts:
 Generate = Callable[..., list[Rollout]]
 
 
-def rollout_generator(engine, tokenizer, tools: ToolBox | None, cfg: DictConfig) -> Generate:
+def rollout_generator(engine, tokenizer, tools: ToolBox | None, cfg: RolloutConfig) -> Generate:
     """The engine's `generate`, or with tools configured the multi-turn loop around it (`cfg`: the rollout config)."""
     if tools is None:
         return engine.generate
@@ -122,8 +121,9 @@ def rollout_generator(engine, tokenizer, tools: ToolBox | None, cfg: DictConfig)
                         cfg.max_model_len).generate
 
 
-def build_tools(cfg: DictConfig) -> ToolBox | None:
-    """The `tools` of the config (checked: each one imports and has a valid schema), or None."""
-    if not cfg.get("tools"):
+def build_tools(tools: dict, rollout: RolloutConfig) -> ToolBox | None:
+    """The `tools` of the config (checked: each one imports and has a valid schema), with the limits
+    of `rollout` on each call, or None when there are none."""
+    if not tools:
         return None
-    return ToolBox(load_tools(cfg.tools), cfg.rollout.tool_timeout_s, cfg.rollout.tool_output_chars)
+    return ToolBox(load_tools(tools), rollout.tool_timeout_s, rollout.tool_output_chars)

@@ -13,13 +13,14 @@ import gc
 import json
 import logging
 import os
+import warnings
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import torch
-from omegaconf import DictConfig
 
 from rlvr import distributed
+from rlvr.config import RolloutConfig
 from rlvr.errors import EngineConfigError, EngineError, WeightSyncError
 from rlvr.rollout import request_seeds
 from rlvr.types import Prompt, Rollout
@@ -27,7 +28,7 @@ from rlvr.types import Prompt, Rollout
 log = logging.getLogger(__name__)
 
 
-def check_kv_cache(model_path: Path, cfg: DictConfig, dtype: str, device: str) -> None:
+def check_kv_cache(model_path: Path, cfg: RolloutConfig, dtype: str, device: str) -> None:
     """On CPU, refuse a `rollout.kv_cache_gib` too small for one sequence of `rollout.max_model_len`
     tokens, before anything loads (vLLM's own error would point at a GPU setting)."""
     if device != "cpu":
@@ -62,6 +63,12 @@ def _vllm_environment(cache_dir: Path) -> Iterator[None]:
     os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
     os.environ.setdefault("VLLM_CACHE_ROOT", str(cache_dir / "vllm"))
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    # vLLM's records go to rlvr's handlers (the console, which leaves out the harmless ones, and
+    # train.log, which keeps them all) instead of a handler of its own on stdout.
+    os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
+    if logging.getLogger("vllm").level == logging.NOTSET:
+        logging.getLogger("vllm").setLevel(logging.WARNING)
+    warnings.filterwarnings("ignore", message=r"`torch.distributed.reduce_op` is deprecated", category=FutureWarning)
     previous = os.environ.get("HF_HUB_OFFLINE"), hub.HF_HUB_OFFLINE
     os.environ["HF_HUB_OFFLINE"], hub.HF_HUB_OFFLINE = "1", True
     try:
@@ -95,11 +102,11 @@ _HARMLESS = _DropHarmlessWarnings()  # one instance: addFilter ignores it when a
 class VllmEngine:
     """A vLLM `LLM` serving the current policy (the `rlvr.rollout.engine.Engine` interface)."""
 
-    def __init__(self, model_path: Path, cfg: DictConfig, dtype: str, seed: int, device: str, cache_dir: Path):
+    def __init__(self, model_path: Path, cfg: RolloutConfig, dtype: str, seed: int, device: str, cache_dir: Path):
         with _vllm_environment(Path(cache_dir)):
             self._start(model_path, cfg, dtype, seed, device)
 
-    def _start(self, model_path: Path, cfg: DictConfig, dtype: str, seed: int, device: str) -> None:
+    def _start(self, model_path: Path, cfg: RolloutConfig, dtype: str, seed: int, device: str) -> None:
         from vllm import LLM  # imported late: importing vllm is slow and reads the environment
 
         for name in ("vllm.model_executor.model_loader.reload.layerwise", "vllm.v1.worker.cpu_worker",

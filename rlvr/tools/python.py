@@ -8,7 +8,7 @@ namespace of its own, which has no interfaces up: no network at all. Elsewhere `
 replaced in Python, which keeps honest code off the network but not code that loads `_socket` or
 a C library. The call is killed at its wall-clock limit.
 
-What this does not protect against (README, Tools): it runs as the training user, so it can read
+What this does not protect against (docs/tools.md): it runs as the training user, so it can read
 every file that user can (the model, your data, ~/.ssh) and write outside the scratch folder within
 the file-size limit; it shares the machine's CPUs, kernel and /tmp. For untrusted code, run the
 trainer in a container or VM with nothing of value mounted.
