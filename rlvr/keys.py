@@ -71,8 +71,8 @@ def check_overrides(args: list[str], config_dir: Path, user_dirs: list[Path]) ->
         if key in RENAMED:
             raise ConfigError(f"{key}: renamed to {RENAMED[key]} (trainer is the loop; learner says how the policy "
                               f"computes, launch where the run runs): use {RENAMED[key]}={value}")
-        if "/" in key or "@" in key or key.split(".")[0] == "hydra":
-            continue
+        if "/" in key or "@" in key or key.split(".")[0] == "hydra" or "(" in value:
+            continue  # (Hydra's own keys and packages; a sweep function such as choice(...) or range(...))
         groups = {p.name for d in [config_dir, *user_dirs] if d.is_dir() for p in d.iterdir() if p.is_dir()}
         if "." not in key and key in groups:
             _check_option(key, value, [config_dir, *user_dirs])

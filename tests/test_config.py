@@ -122,7 +122,8 @@ def test_command_line_keys_and_choices_are_checked_before_hydra(override, expect
 @pytest.mark.parametrize("override", ["learner.precision=bf16-mixed", "data.levels=[[1,1]]", "+reward.terms.x._target_=a.b",
                                       "tools=[calculator,python]", "algorithm=grpo,dapo", "hydra.run.dir=x",
                                       "hydra/launcher=basic", "rollout.dtype=${oc.env:X}", "seed=0,1,2", "model=local",
-                                      "--config-dir=x", "-m", "trainer.resume=auto"])
+                                      "--config-dir=x", "-m", "trainer.resume=auto", "algorithm=choice(grpo,dapo)",
+                                      "seed=range(0,3)"])
 def test_command_line_check_lets_valid_overrides_through(override):
     check_overrides([override], Path(CONFIG_DIR), [])
 
