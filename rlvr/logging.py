@@ -34,13 +34,16 @@ class Harmless(logging.Filter):
     """Keeps off the console the warnings vLLM gives at every start that say nothing to an rlvr user
     (each is in train.log, and docs/checkpoints.md, "What the console shows", says why it is harmless): settings
     rlvr chose on purpose (chunked prefill off, eager mode, the seed), optional speed-ups of vLLM's own
-    (tcmalloc and Intel's OpenMP preloaded, Triton for the CPU) and choices it made for itself."""
+    (tcmalloc and Intel's OpenMP preloaded, Triton for the CPU), choices it made for itself, and what a
+    second engine in one process (a multirun's next job) repeats."""
 
     MESSAGES = (
         "Triton is installed, but doesn't include CPU backend", "Triton is not installed. triton-cpu",
         "The global random seed is set to", "does not officially support disabling chunked prefill",
         "Enforce eager set, disabling torch.compile", "Inductor compilation was disabled by user settings",
         "Reset SSM cache type to float32", "Model Runner V2 requires Triton", "is not found in LD_PRELOAD",
+        # the second engine of a process (a multirun's next job): vLLM registers its kernels again
+        "is already registered. Overwriting.", "Unknown vLLM environment variable detected: VLLM_DIST_IDENT",
     )
 
     def filter(self, record: logging.LogRecord) -> bool:
