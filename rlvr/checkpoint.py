@@ -40,7 +40,6 @@ from rlvr.rundir import CHECKPOINT_PREFIX, complete_checkpoints
 
 log = logging.getLogger("rlvr")
 
-PREFIX = CHECKPOINT_PREFIX
 FILES = ("model/config.json", "optimizer/.metadata", "trainer.pt", "trainer_state.json", "metrics.jsonl")
 # Written last into a checkpoint: the size and SHA-256 of every other file, as written.
 RECORD = "files.json"
@@ -48,10 +47,6 @@ RECORD = "files.json"
 
 class CheckpointError(RlvrError, RuntimeError):
     """A checkpoint that cannot be used; the message names the folder and what is wrong."""
-
-
-def _step_of(path: Path) -> int:
-    return int(path.name.removeprefix(PREFIX))
 
 
 def find(resume: str | None, run_dir: Path) -> Path | None:
@@ -84,7 +79,7 @@ def validate(path: Path) -> Path:
     """Check that `path` holds a whole checkpoint whose files parse; raise CheckpointError if not."""
     if not path.is_dir():
         raise CheckpointError(f"trainer.resume: {path} is not a checkpoint folder (expected "
-                              f"<run dir>/checkpoints/{PREFIX}NNNNNN)")
+                              f"<run dir>/checkpoints/{CHECKPOINT_PREFIX}NNNNNN)")
     missing = [f for f in FILES if not (path / f).is_file()]
     if missing:
         raise CheckpointError(f"checkpoint {path} is incomplete: {', '.join(missing)} missing")
@@ -171,7 +166,7 @@ def save(run_dir: Path, step: int, learner, task, rewards, keep_last: int) -> Pa
     from rlvr import distributed
 
     folder = run_dir / "checkpoints"
-    final = folder / f"{PREFIX}{step:06d}"
+    final = folder / f"{CHECKPOINT_PREFIX}{step:06d}"
     tmp = Path(distributed.on_rank0(_temporary, folder, final.name))  # one folder, named by rank 0
     try:
         learner.save_optimizer(tmp / "optimizer")  # DCP: a failure on one rank raises on every rank

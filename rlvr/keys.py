@@ -62,6 +62,8 @@ def check_overrides(args: list[str], config_dir: Path, user_dirs: list[Path]) ->
     would also reject most of these, but with advice that does not help (`+key=...` adds a dead key)
     and internal schema names among the choices. Keys under `data`, `reward.terms`, `tools` and
     `hydra` are left to the later checks (their schema depends on the option chosen)."""
+    dirs = [config_dir, *user_dirs]
+    groups = {p.name for d in dirs if d.is_dir() for p in d.iterdir() if p.is_dir()}
     for arg in args:
         if arg.startswith("-") or "=" not in arg:
             continue
@@ -73,17 +75,22 @@ def check_overrides(args: list[str], config_dir: Path, user_dirs: list[Path]) ->
                               f"computes, launch where the run runs): use {RENAMED[key]}={value}")
         if "/" in key or "@" in key or key.split(".")[0] == "hydra" or "(" in value:
             continue  # (Hydra's own keys and packages; a sweep function such as choice(...) or range(...))
-        groups = {p.name for d in [config_dir, *user_dirs] if d.is_dir() for p in d.iterdir() if p.is_dir()}
         if "." not in key and key in groups:
-            _check_option(key, value, [config_dir, *user_dirs])
+            _check_option(key, value, dirs)
         elif not adds:
             _check_key(key, value)
+
+
+def group_options(group: str, dirs: list[Path]) -> list[str]:
+    """The options of config group `group` in the config folders `dirs`: its YAML files, less the ones
+    whose name starts with _ (files other options include, not options of their own)."""
+    return sorted({p.stem for d in dirs for p in (d / group).glob("*.yaml") if not p.stem.startswith("_")})
 
 
 def _check_option(group: str, value: str, dirs: list[Path]) -> None:
     if value.startswith(("[", "$")) or value in ("null", ""):
         return
-    options = sorted({p.stem for d in dirs for p in (d / group).glob("*.yaml") if not p.stem.startswith("_")})
+    options = group_options(group, dirs)
     for choice in value.split(","):  # a multirun sweeps several
         if choice not in options:
             close = difflib.get_close_matches(choice, options, n=1)

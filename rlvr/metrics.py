@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import resource
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import torch
 
@@ -74,8 +74,8 @@ class StepTimes:
     step: float = 0.0
 
     def named(self) -> dict[str, float]:
-        return {"prompts": self.prompts, "rollout": self.rollout, "reward": self.reward, "learn": self.learn,
-                "sync": self.sync, "canary": self.canary}
+        """The phases, by name (every field but `step`)."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "step"}
 
 
 @dataclass

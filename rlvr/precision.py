@@ -26,8 +26,6 @@ from rlvr.errors import RlvrError
 
 log = logging.getLogger("rlvr")
 
-PRECISIONS = ("auto", "fp32", "bf16-mixed")
-ENGINE_DTYPES = ("auto", "float32", "bfloat16")
 BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 # Canary tolerance per engine dtype when rollout.canary_tol is null (scripts/canary_tolerance.py,
 # docs/precision.md). float32: between the honest difference (<= 7e-5 on SmolLM2) and one missed sync

@@ -28,6 +28,7 @@ from rlvr.config import (
     MultiplicationDataConfig,
     TrainConfig,
 )
+from rlvr.keys import group_options
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 OUT = Path(__file__).resolve().parent.parent / "docs" / "reference.md"
@@ -154,7 +155,7 @@ def table(group: str, option: str, keys: list[tuple[str, Any]]) -> list[str]:
 
 
 def options(group: str) -> list[str]:
-    return sorted(p.stem for p in (CONFIGS / group).glob("*.yaml") if not p.stem.startswith("_"))
+    return group_options(group, [CONFIGS])
 
 
 def render() -> str:

@@ -15,7 +15,7 @@ from hydra.utils import get_method
 from rlvr.cli import CONFIG_DIR
 from rlvr.config import ConfigError, check, register, typed
 from rlvr.data import build_task
-from rlvr.keys import check_overrides, unknown_keys
+from rlvr.keys import check_overrides, group_options, unknown_keys
 from rlvr.rewards import Rewards
 from rlvr.rollout.engine import EngineConfigError, check_backend
 
@@ -26,7 +26,7 @@ GROUPS = ["model", "data", "reward", "algorithm", "rollout", "optim", "trainer",
 
 
 def _options(group: str) -> list[str]:
-    return sorted(p.stem for p in (Path(CONFIG_DIR) / group).glob("*.yaml") if not p.stem.startswith("_"))
+    return group_options(group, [Path(CONFIG_DIR)])
 
 
 @pytest.mark.parametrize("group, option", [(g, o) for g in GROUPS + ["experiment"] for o in _options(g)])
