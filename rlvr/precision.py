@@ -21,8 +21,12 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rlvr.errors import RlvrError
+
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger("rlvr")
 
@@ -78,6 +82,13 @@ class Precision:
     @property
     def bf16(self) -> bool:
         return self.learner == "bf16-mixed"
+
+    @property
+    def engine_torch_dtype(self) -> torch.dtype:
+        """The engine's dtype as torch's: what a sync sends."""
+        import torch  # (this module is read before any model loads; torch only when a run needs it)
+
+        return getattr(torch, self.engine_dtype)
 
 
 def resolve(precision: str, engine_dtype: str, canary_tol: float | None, device: str) -> Precision:

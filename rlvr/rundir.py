@@ -31,7 +31,9 @@ class GracefulStop:
 
     def __init__(self) -> None:
         self.signal: int | None = None
-        self.previous = {s: signal.signal(s, self._handle) for s in (signal.SIGINT, signal.SIGTERM)}
+        watched = (signal.SIGINT, signal.SIGTERM)
+        self.previous = {s: signal.signal(s, self._handle) for s in watched}
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, watched)  # a mask inherited from the parent would hold them back
 
     def _handle(self, signum: int, frame) -> None:
         if self.signal is not None:

@@ -167,7 +167,7 @@ def rl_step(run: Run, step: int) -> tuple[StepMetrics, Collected]:
 
     # 6. new weights into the engine, then prove it serves them
     t0 = time.perf_counter()
-    run.engine.load_weights(learner.named_weights(getattr(torch, run.precision.engine_dtype)))
+    run.engine.load_weights(run.canary.watch(learner.named_weights(run.precision.engine_torch_dtype)))
     t_sync = time.perf_counter() - t0
     t0 = time.perf_counter()
     canary_diff = run.canary.check(run.engine, learner.sequence_logprobs)
@@ -205,6 +205,7 @@ def train(cfg: TrainConfig, run_dir: Path) -> dict[str, float]:
     watch = Watch(run, run_dir)
     stop = GracefulStop()
     try:
+        run.canary.expect(learner.named_weights(run.precision.engine_torch_dtype))
         run.canary.check(run.engine, learner.sequence_logprobs)
         if run.start == 0:
             first_eval = evaluate(run)
@@ -257,9 +258,12 @@ def train(cfg: TrainConfig, run_dir: Path) -> dict[str, float]:
 
 
 def _stop_asked(stop: GracefulStop) -> bool:
-    """Whether a signal asked the run to stop, on any rank (all ranks stop alike)."""
-    stop.signal = int(distributed.global_max(float(stop.signal or 0))) or None
-    return stop.signal is not None
+    """Whether a signal asked the run to stop, on any rank (all ranks stop alike: the answer is the
+    collective's). A signal that lands while this runs is kept for the next call, never overwritten."""
+    asked = int(distributed.global_max(float(stop.signal or 0)))
+    if asked:
+        stop.signal = stop.signal or asked
+    return bool(asked)
 
 
 def evaluate(run: Run) -> dict[str, float]:

@@ -135,7 +135,7 @@ def child(precision_name: str, overrides: list[str], batch_file: Path, repeats: 
     learner = Learner(path, cfg.optim, cfg.algorithm, cfg.learner, cfg.rollout.temperature, cfg.rollout.max_tokens,
                       "cpu", precision, lora=lora)
     engine = VllmEngine(path, cfg.rollout, precision.engine_dtype, cfg.seed, "cpu", Path(cfg.cache_dir))
-    dtype = getattr(torch, precision.engine_dtype)
+    dtype = precision.engine_torch_dtype
     answer = tok(" <answer>42</answer>", add_special_tokens=False).input_ids
     canary = Canary(canary_sequence(min(ids, key=len), answer, engine.block_size(), cfg.rollout.max_model_len),
                     precision.canary_tol)

@@ -113,9 +113,11 @@ def test_a_signal_finishes_the_step_checkpoints_and_says_how_to_resume(tmp_path,
     run_dir = tmp_path / "run"
     proc = _start([*RUN, "trainer.max_steps=500", f"hydra.run.dir={run_dir}"], cache_dir)
     _wait_for_step(proc, run_dir, 2)
+    masks = [x for x in Path(f"/proc/{proc.pid}/status").read_text().splitlines() if x.startswith("Sig")]
     os.killpg(proc.pid, signum)  # SIGINT to the group: what Ctrl-C in a terminal sends
     out, _ = proc.communicate(timeout=300)
-    assert proc.returncode == 128 + signum, out[-3000:]  # 143 / 130
+    said = [x for x in out.splitlines() if signal.Signals(signum).name in x]
+    assert proc.returncode == 128 + signum, (masks, said, out[-2000:])  # 143 / 130
     found = checkpoint.complete_checkpoints(run_dir)
     assert len(found) == 1
     checkpoint.validate(found[0])

@@ -9,6 +9,7 @@ from rlvr.learner import make_batch
 from rlvr.logprobs import token_logprobs
 from rlvr.precision import CANARY_TOL
 from rlvr.prompts import render
+from rlvr.rollout import fingerprint
 from rlvr.rollout.engine import Canary, EngineError, WeightSyncError, canary_sequence, check_canary
 from rlvr.rollout.vllm_engine import VllmEngine
 from rlvr.types import Prompt
@@ -17,6 +18,7 @@ from .conftest import tiny_learner
 
 pytestmark = pytest.mark.slow
 
+DAMAGED = "model.layers.1.mlp.down_proj.weight"
 PROMPTS = [Prompt(messages=[{"role": "user", "content": f"What is {a} * 7?"}], answer=str(7 * a)) for a in (12, 34)]
 
 
@@ -106,6 +108,51 @@ def test_a_missed_sync_is_caught_whatever_the_tolerance(parts):
         canary.check(engine, learner.sequence_logprobs)  # the update the engine never heard of
     engine.load_weights(learner.named_weights())
     canary.check(engine, learner.sequence_logprobs)
+
+
+def test_the_engine_holds_exactly_the_weights_sent(parts):
+    """The digest of each tensor as sent equals that of the engine's own copy, which vLLM on CPU keeps
+    packed for its GEMM (read back through it): every tensor of the model, the fused qkv and gate/up
+    ones included. A tensor damaged on its way is named, so is one the sync left out; a sync after a
+    real update passes; a reload that skips the prefix-cache reset is caught by what the cache served."""
+    cfg, learner, engine = parts
+    engine.load_weights(learner.named_weights())
+    canary = Canary(canary_sequence(render(learner.tokenizer, PROMPTS[0]), [5, 6, 7, 8], engine.block_size(), 1024),
+                    float("inf"))  # the logprob checks cannot fail here: only the exact ones can
+    canary.expect(learner.named_weights())
+    canary.check(engine, learner.sequence_logprobs)
+    assert canary.fingerprinted == {name for name, _ in learner.named_weights()}
+
+    def sync(damage=None, lost=False, unsent=False):
+        weights = ((n, t) for n, t in learner.named_weights() if not (unsent and n == DAMAGED))
+        engine.load_weights((name, damage(t) if damage and name == DAMAGED else t)
+                            for name, t in canary.watch(weights) if not (lost and name == DAMAGED))
+        canary.check(engine, learner.sequence_logprobs)
+
+    learner.step(_batch(learner, _generate(learner, engine, seed=31)))
+    sync()
+    copy_differs = f"engine's copy of {DAMAGED} is not what the learner sent"
+    with pytest.raises(WeightSyncError, match=copy_differs):
+        sync(damage=lambda t: torch.cat([t[:1] + 1e-3, t[1:]]))  # a row: in every window
+    sync()
+    columns = learner.model.state_dict()[DAMAGED].shape[1]
+    assert columns > fingerprint.WIDTH  # the window moves: one damaged entry is seen when it reaches its column
+    with pytest.raises(WeightSyncError, match=copy_differs):
+        for _ in range(columns // fingerprint.WIDTH):
+            sync(damage=lambda t: t.index_put((torch.tensor([3]), torch.tensor([columns - 1])), torch.tensor(0.5)))
+    sync()
+    learner.step(_batch(learner, _generate(learner, engine, seed=32)))
+    with pytest.raises(WeightSyncError, match=copy_differs):
+        sync(lost=True)  # sent, never loaded: the engine keeps the copy from before the update
+    with pytest.raises(WeightSyncError, match=f"did not pass {DAMAGED} to the engine"):
+        sync(unsent=True)
+    sync()
+    engine.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(learner.named_weights()),
+                                                        "is_checkpoint_format": True})
+    canary.expect(learner.named_weights())
+    with pytest.raises(WeightSyncError, match="tokens of the canary sequence from its prefix cache"):
+        canary.check(engine, learner.sequence_logprobs)
+    sync()
 
 
 def test_a_stale_prefix_cache_is_caught(parts):

@@ -9,14 +9,16 @@ engines that provide it (`rollout.backend`):
   independent implementation, so that each backend checks the other's logprobs in the tests.
 
 Both hold a copy of the policy of their own that a sync replaces (`load_weights`); the canary
-(`Canary`) compares the engine's logprobs of a fixed sequence with the learner's after it, and
-checks that the engine's moved when the learner's did.
+(`Canary`) proves after it that the engine holds exactly the weights sent (`rlvr.rollout.fingerprint`)
+and serves nothing cached from before, then compares the engine's logprobs of a fixed sequence with
+the learner's and checks that the engine's moved when the learner's did.
 """
 
 from __future__ import annotations
 
+import logging
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Protocol
 
@@ -24,9 +26,12 @@ import torch
 
 from rlvr.config import Backend, RolloutConfig
 from rlvr.errors import EngineConfigError, EngineError, WeightSyncError
+from rlvr.rollout.fingerprint import WIDTH, digest, window
 from rlvr.types import Prompt, Rollout
 
 __all__ = ["EngineConfigError", "EngineError", "WeightSyncError"]  # re-exported: raised by either engine
+
+log = logging.getLogger(__name__)
 
 # Tokens the canary check samples from its prompt (see `canary_logprobs`).
 CANARY_NEW_TOKENS = 4
@@ -57,9 +62,17 @@ class Engine(Protocol):
         """Logprobs [len - 1] of tokens 1.. of `token_ids` at temperature 1."""
         ...
 
-    def sample_continuation(self, token_ids: list[int], n_new: int, seed: int = 0) -> tuple[list[int], torch.Tensor]:
+    def sample_continuation(self, token_ids: list[int], n_new: int,
+                            seed: int = 0) -> tuple[list[int], torch.Tensor, int]:
         """`n_new` tokens sampled at temperature 1 after `token_ids` (eos not stopping), by the path
-        rollouts take, and their logprobs [n_new]."""
+        rollouts take, their logprobs [n_new], and how many tokens of `token_ids` the engine's prefix
+        cache served (0 without one)."""
+        ...
+
+    def weight_digests(self, offset: int) -> dict[str, str]:
+        """The digest of the window at `offset` (`rlvr.rollout.fingerprint`) of each weight the engine
+        computes with, by its Hugging Face checkpoint name, in the engine's dtype; read from the copy
+        its kernels use."""
         ...
 
     def block_size(self) -> int:
@@ -117,9 +130,10 @@ def check_memory(cfg: RolloutConfig, model_path: Path, dtype: str, device: str) 
 
 
 def canary_logprobs(engine: Engine, score: Callable[[list[int]], torch.Tensor],
-                    token_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+                    token_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor, int]:
     """The engine's and the learner's (`score`: logprobs [len - 1] of tokens 1.. at temperature 1)
-    logprobs [len - 1 + CANARY_NEW_TOKENS] of a fixed sequence and of a short continuation of it.
+    logprobs [len - 1 + CANARY_NEW_TOKENS] of a fixed sequence and of a short continuation of it, and
+    how many tokens of the sequence the engine's prefix cache served for the continuation.
 
     Two engine paths are read: the sequence scored as a prompt (every position computed with the
     current weights; vLLM never reads its prefix cache for that), and `CANARY_NEW_TOKENS` tokens
@@ -127,9 +141,9 @@ def canary_logprobs(engine: Engine, score: Callable[[list[int]], torch.Tensor],
     rollout would. A skipped weight load shows in both, a prefix cache still holding the old weights'
     KV in the second.
     """
-    new_ids, new_logprobs = engine.sample_continuation(token_ids, CANARY_NEW_TOKENS)
+    new_ids, new_logprobs, cached = engine.sample_continuation(token_ids, CANARY_NEW_TOKENS)
     engine_logprobs = torch.cat([engine.sequence_logprobs(token_ids), new_logprobs])
-    return engine_logprobs, score(token_ids + new_ids).cpu()
+    return engine_logprobs, score(token_ids + new_ids).cpu(), cached
 
 
 def check_canary(engine: Engine, score: Callable[[list[int]], torch.Tensor], token_ids: list[int],
@@ -137,7 +151,7 @@ def check_canary(engine: Engine, score: Callable[[list[int]], torch.Tensor], tok
     """Compare the engine's logprobs of a fixed sequence and of a short continuation of it with the
     learner's (`canary_logprobs`); raise when they differ by more than `tol`. Returns the largest
     absolute difference."""
-    engine_logprobs, learner_logprobs = canary_logprobs(engine, score, token_ids)
+    engine_logprobs, learner_logprobs, _ = canary_logprobs(engine, score, token_ids)
     return _within(engine_logprobs, learner_logprobs, tol)
 
 
@@ -159,11 +173,24 @@ def learner_moved_alone(now: tuple[torch.Tensor, torch.Tensor], last: tuple[torc
 
 
 class Canary:
-    """The weight-sync check of a run: after every sync, `check` compares the engine's logprobs of a
-    fixed sequence with the learner's (`check_canary`, within `tol`), and also that the engine's moved
-    when the learner's did.
+    """The weight-sync check of a run. After every sync, `check` proves three things exactly, then one
+    within a tolerance:
 
-    The second check needs no tolerance, which is what makes a bf16 engine checkable: both sides are
+    - the engine holds the weights sent, value for value: the digest of each tensor as sent (`watch`)
+      equals the digest of the engine's own copy, read where its kernels keep it
+      (`Engine.weight_digests`), on a window of columns that moves each sync (`rlvr.rollout.fingerprint`).
+      This catches a partial or corrupted load in every precision and names the tensor. The first
+      check (at start, against the learner's own weights: `expect`) finds which tensors the engine
+      keeps as they were sent; one it transforms on load (padded, fused in another way) is left to
+      the logprob checks;
+    - the engine served nothing of the canary sequence from its prefix cache: the cache was reset with
+      the load, so no rollout reads KV computed with the old weights, at any learning rate;
+    - the engine's logprobs of the sequence moved when the learner's did (below);
+    - the engine's logprobs of the sequence and of a short continuation are the learner's within `tol`
+      (`check_canary`): what a digest cannot see, such as the engine computing wrongly with the right
+      weights.
+
+    The third check needs no tolerance, which is what makes a bf16 engine checkable: both sides are
     deterministic, so the sequence's logprobs are bit-for-bit those of the last check exactly when the
     weights that reach them are unchanged. When the learner's logprobs changed since the last check
     and the engine's are bit-for-bit the same, the sync did not reach the engine (a missed or no-op
@@ -180,11 +207,41 @@ class Canary:
     def __init__(self, token_ids: list[int], tol: float):
         self.token_ids, self.tol = token_ids, tol
         self.last: tuple[torch.Tensor, torch.Tensor] | None = None  # (engine, learner) logprobs of the sequence
+        self.fingerprinted: set[str] | None = None  # the tensors whose digests are compared (the first check's)
+        self.expected: dict[str, str] | None = None  # digests of what the engine must hold at the next check
+        self.offset = 0  # the column window's (rlvr.rollout.fingerprint)
+
+    def watch(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+        """The weights of a sync (in the engine's dtype), passed on to the engine as they come, each one's
+        digest kept for the next `check`."""
+        self.expected = expected = {}  # (now: a sync that never reads them has passed nothing on)
+        offset = self.offset
+
+        def passed_on() -> Iterator[tuple[str, torch.Tensor]]:
+            for name, tensor in named_tensors:
+                expected[name] = digest(window(tensor, offset))
+                yield name, tensor
+
+        return passed_on()
+
+    def expect(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """The weights the engine must hold at the next `check` (in its dtype), without a sync: at start."""
+        for _ in self.watch(named_tensors):
+            pass
 
     def check(self, engine: Engine, score: Callable[[list[int]], torch.Tensor]) -> float:
         """Raise `WeightSyncError` when the engine does not serve the learner's weights; return the
-        largest absolute engine/learner difference."""
-        engine_logprobs, learner_logprobs = canary_logprobs(engine, score, self.token_ids)
+        largest absolute engine/learner difference. After `watch` or `expect` every check is made; else
+        only the logprobs are compared."""
+        expected, self.expected = self.expected, None
+        if expected is not None:
+            self._holds(engine, expected)
+        engine_logprobs, learner_logprobs, cached = canary_logprobs(engine, score, self.token_ids)
+        if expected is not None and cached:
+            raise WeightSyncError(
+                f"after the weight sync the engine served {cached} tokens of the canary sequence from its prefix "
+                "cache, computed with the weights before the sync: the cache was not reset, and rollouts would "
+                "read stale KV.")
         diff = _within(engine_logprobs, learner_logprobs, self.tol)
         n = len(self.token_ids) - 1  # the sequence's own positions: the same tokens at every check
         now = engine_logprobs[:n], learner_logprobs[:n]
@@ -196,6 +253,30 @@ class Canary:
                 "engine.")
         self.last = now
         return diff
+
+    def _holds(self, engine: Engine, expected: dict[str, str]) -> None:
+        held = engine.weight_digests(self.offset)
+        self.offset += WIDTH
+        if self.fingerprinted is None:
+            self.fingerprinted = {name for name, d in expected.items() if held.get(name) == d}
+            unseen = sorted(set(expected) - self.fingerprinted)
+            log.info("weight sync check: the engine's copy of %d of %d tensors is compared exactly after every "
+                     "sync%s", len(self.fingerprinted), len(expected),
+                     f" (the engine transforms {', '.join(unseen[:3])}{' …' if len(unseen) > 3 else ''} on load: "
+                     "the logprob checks cover them)" if unseen else "")
+            return
+        missing = sorted(self.fingerprinted - set(expected))
+        if missing:
+            raise WeightSyncError(f"the weight sync did not pass {missing[0]}"
+                                  f"{f' (and {len(missing) - 1} more tensors)' if len(missing) > 1 else ''} to the "
+                                  "engine, which keeps its old copy.")
+        wrong = sorted(name for name in self.fingerprinted if held.get(name) != expected[name])
+        if wrong:
+            raise WeightSyncError(
+                f"after the weight sync the engine's copy of {wrong[0]}"
+                f"{f' (and {len(wrong) - 1} more tensors)' if len(wrong) > 1 else ''} is not what the learner sent "
+                "(their exact digests differ): a partial or corrupted load; the engine does not serve the "
+                "learner's weights.")
 
 
 def canary_sequence(prompt_ids: list[int], answer_ids: list[int], block_size: int, max_len: int) -> list[int]:

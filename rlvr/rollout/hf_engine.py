@@ -24,6 +24,7 @@ from rlvr.errors import EngineError, WeightSyncError
 from rlvr.kernels import attention_kernels
 from rlvr.logprobs import token_logprobs
 from rlvr.rollout import request_seeds
+from rlvr.rollout.fingerprint import digest, window
 from rlvr.types import Prompt, Rollout
 
 # Rows (samples) decoded together; a call with more runs in chunks of this many, so that the KV cache
@@ -161,9 +162,13 @@ class TransformersEngine:
         with attention_kernels(self.device):
             return token_logprobs(self.model, ids, torch.ones_like(ids))[0].float().cpu()
 
-    def sample_continuation(self, token_ids: list[int], n_new: int, seed: int = 0) -> tuple[list[int], torch.Tensor]:
+    def sample_continuation(self, token_ids: list[int], n_new: int,
+                            seed: int = 0) -> tuple[list[int], torch.Tensor, int]:
         ids, logprobs, _ = self._decode([token_ids], [0], [seed], temperature=1.0, max_new=[n_new], ignore_eos=True)[0]
-        return ids, torch.tensor(logprobs)
+        return ids, torch.tensor(logprobs), 0  # no prefix cache
+
+    def weight_digests(self, offset: int) -> dict[str, str]:
+        return {name: digest(window(t, offset)) for name, t in self.model.state_dict().items()}
 
     def block_size(self) -> int:
         return 1  # no prefix cache

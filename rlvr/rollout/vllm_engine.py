@@ -23,6 +23,7 @@ from rlvr import distributed
 from rlvr.config import RolloutConfig
 from rlvr.errors import EngineConfigError, EngineError, WeightSyncError
 from rlvr.rollout import request_seeds
+from rlvr.rollout.fingerprint import columns, digest, window
 from rlvr.types import Prompt, Rollout
 
 log = logging.getLogger(__name__)
@@ -212,17 +213,23 @@ class VllmEngine:
             raise WeightSyncError("after the weight sync vLLM could not reset its prefix cache (requests still "
                                   "running?): cached KV of the old weights would be served")
 
-    def sample_continuation(self, token_ids: list[int], n_new: int, seed: int = 0) -> tuple[list[int], torch.Tensor]:
+    def sample_continuation(self, token_ids: list[int], n_new: int,
+                            seed: int = 0) -> tuple[list[int], torch.Tensor, int]:
         """`n_new` tokens sampled at temperature 1 after `token_ids`, the path rollouts take (the prompt's
-        cached KV is read), and their logprobs [n_new]."""
+        cached KV is read), their logprobs [n_new] and the number of prompt tokens the cache served."""
         from vllm import SamplingParams
 
         params = SamplingParams(max_tokens=n_new, temperature=1.0, logprobs=0, seed=seed,
                                 ignore_eos=True)  # not min_tokens: it would mask eos out of the logprobs
         out = self._generate([{"prompt_token_ids": token_ids}], params,
-                             f"sampling after the {len(token_ids)}-token canary sequence")[0].outputs[0]
-        ids = list(out.token_ids)
-        return ids, torch.tensor([step[t].logprob for step, t in zip(out.logprobs, ids, strict=True)])
+                             f"sampling after the {len(token_ids)}-token canary sequence")[0]
+        ids = list(out.outputs[0].token_ids)
+        logprobs = torch.tensor([step[t].logprob for step, t in zip(out.outputs[0].logprobs, ids, strict=True)])
+        return ids, logprobs, out.num_cached_tokens or 0
+
+    def weight_digests(self, offset: int) -> dict[str, str]:
+        """Digests of the weights the engine's kernels compute with (`_held_digests`, run by its worker)."""
+        return self.llm.collective_rpc(_held_digests, args=(offset,))[0]
 
     def block_size(self) -> int:
         """Tokens per KV-cache block: only whole blocks of a prompt are kept in the prefix cache."""
@@ -243,3 +250,38 @@ class VllmEngine:
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
+
+
+@torch.no_grad()
+def _held_digests(worker, offset: int) -> dict[str, str]:
+    """Run by the vLLM worker: the digest of the window at `offset` of each weight of its model, by
+    Hugging Face name (`rlvr.rollout.fingerprint`).
+
+    On CPU vLLM packs each linear layer's weight for oneDNN (or its own GEMM) and leaves the `weight`
+    parameter empty; the layer's own GEMM applied to rows of the identity matrix gives those columns of
+    the weight back exactly (each output is one weight times 1, plus zeros). Fused layers (`qkv_proj`,
+    `gate_up_proj`) are split into the checkpoint's tensors by the model's `packed_modules_mapping` and
+    the layer's output sizes."""
+    model = worker.model_runner.model
+    dtype = worker.model_runner.model_config.dtype
+    packed = getattr(model, "packed_modules_mapping", {})
+    digests = {}
+    for name, module in model.named_modules():
+        for kind in ("weight", "bias"):
+            tensor = getattr(module, kind, None)
+            if not isinstance(tensor, torch.Tensor):
+                continue
+            if kind == "weight" and tensor.numel() == 0 and hasattr(module, "cpu_linear"):
+                n = module.input_size_per_partition
+                probe = torch.eye(n, dtype=dtype, device=tensor.device)[columns(n, offset)]
+                tensor = module.cpu_linear(probe, tensor, None).t()  # [out, WIDTH]: the window already
+            else:
+                tensor = window(tensor, offset)
+            prefix, _, leaf = name.rpartition(".")
+            prefix = f"{prefix}." if prefix else ""
+            if leaf in packed and hasattr(module, "output_sizes"):
+                parts = zip(packed[leaf], tensor.split(module.output_sizes), strict=True)
+                digests.update({f"{prefix}{part}.{kind}": digest(t.to(dtype)) for part, t in parts})
+            else:
+                digests[f"{name}.{kind}"] = digest(tensor.to(dtype))
+    return digests
