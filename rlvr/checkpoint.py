@@ -170,7 +170,7 @@ def save(run_dir: Path, step: int, learner, task, rewards, keep_last: int) -> Pa
     tmp = Path(distributed.on_rank0(_temporary, folder, final.name))  # one folder, named by rank 0
     try:
         learner.save_optimizer(tmp / "optimizer")  # DCP: a failure on one rank raises on every rank
-        weights = learner.export_weights()
+        weights = learner.policy.export_weights()
     except BaseException:
         if distributed.rank() == 0:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -205,9 +205,9 @@ def _temporary(folder: Path, name: str) -> str:
 
 def _write(tmp: Path, final: Path, run_dir: Path, step: int, learner, weights, task, rewards, keep_last: int) -> Path:
     try:
-        learner.save(tmp / "model", weights)
-        if learner.lora:
-            learner.save_adapter(tmp / "adapter")
+        learner.policy.save(tmp / "model", weights)
+        if learner.policy.lora:
+            learner.policy.save_adapter(tmp / "adapter")
         torch.save({**learner.state_dict(), "torch_rng": torch.get_rng_state()}, tmp / "trainer.pt")
         np_state = np.random.get_state()
         state: dict[str, Any] = {

@@ -106,8 +106,8 @@ def build(cfg: TrainConfig, run_dir: Path, training: bool = True) -> Run:
         distributed.on_rank0(rundir.refuse, run_dir, resume, cfg.trainer.overwrite, auto)
         learner = _learner(cfg, model_path, resume, device, precision)
         # Every prompt is checked against the engine's context before the engine starts.
-        fit = PromptFit(learner.tokenizer, cfg.rollout.max_model_len, cfg.rollout.max_tokens, tools)
-        run = Run(cfg, device, precision, model_path, task, rewards, learner.tokenizer, fit,
+        fit = PromptFit(learner.policy.tokenizer, cfg.rollout.max_model_len, cfg.rollout.max_tokens, tools)
+        run = Run(cfg, device, precision, model_path, task, rewards, learner.policy.tokenizer, fit,
                   *fit.eval_prompts(task.eval_prompts()), learner=learner, resume=resume)
         fit.probe(task, cfg.data.batch_size)
         distributed.on_rank0(rundir.prepare, run_dir, resume, cfg.trainer.overwrite, auto)  # the first write
@@ -115,7 +115,7 @@ def build(cfg: TrainConfig, run_dir: Path, training: bool = True) -> Run:
     with _closed_on_error(run.close):
         run.logger.write_manifest({
             **manifest(cfg, model_path, device), "resumed_from": str(resume) if resume else None,
-            "shared_prefix": learner.shared_prefix, "compiled": learner.compiled,
+            "shared_prefix": learner.scorer.shared_prefix, "compiled": learner.policy.compiled,
             "world_size": distributed.world_size(),
             "precision": {"learner": precision.learner, "engine_dtype": precision.engine_dtype,
                           "canary_tol": precision.canary_tol, "why": precision.why}})

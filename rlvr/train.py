@@ -134,8 +134,8 @@ def shaped_scores(rollouts: list[Rollout], rewards: Rewards, learner: Learner,
         scores = scores + penalty
         metrics["reward/overlong"] = float(penalty.mean())
     if a.kl.reward_coef > 0:
-        batch = make_batch(rollouts, learner.pad_id, mask_truncated=a.overlong.mode == "mask")
-        ref = learner.batch_logprobs(batch, reference=True)  # [N, T-1]
+        batch = make_batch(rollouts, learner.policy.pad_id, mask_truncated=a.overlong.mode == "mask")
+        ref = learner.scorer.batch_logprobs(batch, reference=True)  # [N, T-1]
         kl = kl_penalty(batch.old_logprobs, ref, batch.loss_mask, a.kl.estimator).sum(dim=1)  # [N]
         scores = scores - a.kl.reward_coef * kl
         metrics["kl_reward"] = float(kl.mean())
@@ -157,7 +157,7 @@ def rl_step(run: Run, step: int) -> tuple[StepMetrics, Collected]:
     adv = advantages.compute(c.scores, a.advantage, a.adv_eps)  # [K, G]
     first, last = distributed.share(len(adv))
     G = a.group_size
-    batch = make_batch(c.rollouts[first * G : last * G], learner.pad_id, mask_truncated=a.overlong.mode == "mask")
+    batch = make_batch(c.rollouts[first * G : last * G], learner.policy.pad_id, mask_truncated=a.overlong.mode == "mask")
     batch.advantages = adv[first:last].flatten()
 
     # 5. policy update
@@ -167,10 +167,10 @@ def rl_step(run: Run, step: int) -> tuple[StepMetrics, Collected]:
 
     # 6. new weights into the engine, then prove it serves them
     t0 = time.perf_counter()
-    run.engine.load_weights(run.canary.watch(learner.named_weights(run.precision.engine_torch_dtype)))
+    run.engine.load_weights(run.canary.watch(learner.policy.named_weights(run.precision.engine_torch_dtype)))
     t_sync = time.perf_counter() - t0
     t0 = time.perf_counter()
-    canary_diff = run.canary.check(run.engine, learner.sequence_logprobs)
+    canary_diff = run.canary.check(run.engine, learner.scorer.sequence_logprobs)
     t_canary = time.perf_counter() - t0
 
     # 7. the record: reward and accuracy of the first round, an unfiltered sample of the policy
@@ -205,8 +205,8 @@ def train(cfg: TrainConfig, run_dir: Path) -> dict[str, float]:
     watch = Watch(run, run_dir)
     stop = GracefulStop()
     try:
-        run.canary.expect(learner.named_weights(run.precision.engine_torch_dtype))
-        run.canary.check(run.engine, learner.sequence_logprobs)
+        run.canary.expect(learner.policy.named_weights(run.precision.engine_torch_dtype))
+        run.canary.check(run.engine, learner.scorer.sequence_logprobs)
         if run.start == 0:
             first_eval = evaluate(run)
             logger.log(0, first_eval)
@@ -247,9 +247,9 @@ def train(cfg: TrainConfig, run_dir: Path) -> dict[str, float]:
         if distributed.rank() == 0:
             plot([run_dir], run_dir / "curves.png")
         if t.save_model:
-            weights = learner.export_weights()  # every rank takes part; rank 0 writes
+            weights = learner.policy.export_weights()  # every rank takes part; rank 0 writes
             distributed.on_rank0(lambda: models.build_atomically(run_dir / "model",
-                                                                 lambda path: learner.save(path, weights), replace=True))
+                                                                 lambda path: learner.policy.save(path, weights), replace=True))
             log.info("final model: %s", run_dir / "model")
         return {**record, **final_eval}
     finally:

@@ -147,8 +147,8 @@ def child(precision_name: str, overrides: list[str], batch_file: Path, repeats: 
             t0 = time.perf_counter()
             learner.step(batch)
             warmup_s.append(time.perf_counter() - t0)
-            engine.load_weights(learner.named_weights(dtype))
-        canary.check(engine, learner.sequence_logprobs)
+            engine.load_weights(learner.policy.named_weights(dtype))
+        canary.check(engine, learner.scorer.sequence_logprobs)
         out = {k: [] for k in ("rollout_s", "tokens", "learn_s", "learn_tokens", "sync_s", "canary")}
         for r in range(repeats):
             t0 = time.perf_counter()
@@ -160,15 +160,15 @@ def child(precision_name: str, overrides: list[str], batch_file: Path, repeats: 
             out["learn_s"].append(time.perf_counter() - t0)
             out["learn_tokens"].append(stats["learn/tokens"])
             t0 = time.perf_counter()
-            engine.load_weights(learner.named_weights(dtype))
+            engine.load_weights(learner.policy.named_weights(dtype))
             out["sync_s"].append(time.perf_counter() - t0)
-            out["canary"].append(canary.check(engine, learner.sequence_logprobs))
+            out["canary"].append(canary.check(engine, learner.scorer.sequence_logprobs))
     finally:
         engine.close()
     mean = {k: statistics.mean(v) for k, v in out.items()}
     mean["canary"] = max(out["canary"])
     mean["warmup_s"] = warmup_s
-    mean["params"] = sum(p.numel() for n, p in learner.model.named_parameters() if "lora_" not in n)
+    mean["params"] = sum(p.numel() for n, p in learner.policy.model.named_parameters() if "lora_" not in n)
     mean["sequences"] = len(batch)
     mean["peak_rss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     return mean

@@ -75,7 +75,7 @@ def learn(experiment: str, overrides: list[str], batch_file: Path, shared: bool,
     learner = Learner(path, cfg.optim, cfg.algorithm, cfg.learner, cfg.rollout.temperature,
                       cfg.rollout.max_tokens, "cpu")
     batch = Batch(**torch.load(batch_file))
-    logprobs = learner.batch_logprobs(batch)
+    logprobs = learner.scorer.batch_logprobs(batch)
     times, tokens = [], 0.0
     for _ in range(repeats):
         t0 = time.perf_counter()

@@ -51,7 +51,7 @@ def measure(model: str, precision_name: str, updates: int) -> dict[str, list[flo
     task, rewards = build_task(cfg, path), Rewards(cfg.reward)
     learner = Learner(path, cfg.optim, cfg.algorithm, cfg.learner, cfg.rollout.temperature, cfg.rollout.max_tokens,
                       "cpu", precision)
-    tok = learner.tokenizer
+    tok = learner.policy.tokenizer
     engine = VllmEngine(path, cfg.rollout, precision.engine_dtype, 0, "cpu", Path(cfg.cache_dir))
     dtype = precision.engine_torch_dtype
     prompt = render(tok, task.eval_prompts()[0])
@@ -60,7 +60,7 @@ def measure(model: str, precision_name: str, updates: int) -> dict[str, list[flo
     n = len(canary) - 1  # the sequence's own positions, the same tokens at every check
 
     def measure_now() -> tuple[float, torch.Tensor, torch.Tensor, int]:
-        engine_lp, learner_lp, cached = canary_logprobs(engine, learner.sequence_logprobs, canary)
+        engine_lp, learner_lp, cached = canary_logprobs(engine, learner.scorer.sequence_logprobs, canary)
         return (engine_lp - learner_lp).abs().max().item(), engine_lp[:n], learner_lp[:n], cached
 
     def digests_differ(expected: dict[str, str], offset: int) -> bool:
@@ -71,7 +71,7 @@ def measure(model: str, precision_name: str, updates: int) -> dict[str, list[flo
 
     def learner_digests(offset: int) -> dict[str, str]:
         """The digests `Canary.watch` keeps of a sync (timed apart from the sync's own cast)."""
-        weights = list(learner.named_weights(dtype))
+        weights = list(learner.policy.named_weights(dtype))
         t0 = time.perf_counter()
         sent = {name: fingerprint.digest(fingerprint.window(t, offset)) for name, t in weights}
         out["learner digest s"].append(time.perf_counter() - t0)
@@ -90,7 +90,7 @@ def measure(model: str, precision_name: str, updates: int) -> dict[str, list[flo
         rollouts = engine.generate(prompts, [render(tok, p) for p in prompts], n=cfg.algorithm.group_size,
                                    seed=100 + step)
         rewards.score(rollouts)
-        batch = make_batch(rollouts, learner.pad_id)
+        batch = make_batch(rollouts, learner.policy.pad_id)
         adv = advantages.compute(rewards.scores(rollouts, cfg.algorithm.group_size), "grpo", 1e-6)
         batch.advantages = adv.flatten() if adv.abs().sum() > 0 else torch.randn(len(batch))
         learner.step(batch)
@@ -104,7 +104,7 @@ def measure(model: str, precision_name: str, updates: int) -> dict[str, list[flo
             out["missed"].append(missed[0])
             out["missed caught"].append(float(learner_moved_alone(missed[1:3], last[1:3])))
             out["missed digest"].append(float(digests_differ(expected, offset)))
-            engine.load_weights(learner.named_weights(dtype))
+            engine.load_weights(learner.policy.named_weights(dtype))
             out["honest digest flagged"].append(float(digests_differ(expected, offset)))
             honest = measure_now()
             out["honest"].append(honest[0])
@@ -112,15 +112,15 @@ def measure(model: str, precision_name: str, updates: int) -> dict[str, list[flo
             last = honest
         # one sync whose prefix-cache reset is skipped, after one more update
         update(updates)
-        engine.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": learner.named_weights(dtype),
+        engine.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": learner.policy.named_weights(dtype),
                                                             "is_checkpoint_format": True})
         stale = measure_now()
         out["stale cache"].append(stale[0])
         out["stale cache served"].append(float(stale[3] > 0))
-        engine.load_weights(learner.named_weights(dtype))
+        engine.load_weights(learner.policy.named_weights(dtype))
         # one corrupted weight: a single entry of the last MLP's down projection, off by 10 %
-        name, weight = [(n, p) for n, p in learner.model.named_parameters() if "down_proj" in n][-1]
-        weights = dict(learner.named_weights(dtype))
+        name, weight = [(n, p) for n, p in learner.policy.model.named_parameters() if "down_proj" in n][-1]
+        weights = dict(learner.policy.named_weights(dtype))
         bad = weights[name].clone()
         bad.view(-1)[0] *= 1.1
         weights[name] = bad

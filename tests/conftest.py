@@ -30,6 +30,16 @@ FP32 = "learner.precision=fp32"
 GRPO = "algorithm=grpo"
 
 
+# `make test` runs two workers (pytest-xdist), each taking whole files: the longest files go first, so
+# that no worker is left with a long file while the other has finished.
+LONGEST_FIRST = ["test_distributed.py", "test_checkpoint.py", "test_shared_prefix.py", "test_learning.py"]
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    first = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: first.get(item.path.name, len(first)))  # (stable: the rest keep their order)
+
+
 def pinned(overrides: list[str]) -> list[str]:
     """`overrides` plus learner.precision=fp32 and algorithm=grpo, unless they set these themselves."""
     extra = [] if any("learner.precision=" in o for o in overrides) else [FP32]

@@ -52,9 +52,9 @@ def _rank(rank: int, world: int, init_file: str, cfg, tiny_path: Path, out: Path
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     torch.manual_seed(0)
     learner = _learner(cfg, tiny_path)
-    batch = _batch(learner.pad_id)
+    batch = _batch(learner.policy.pad_id)
     stats = learner.step(batch.select(slice(0, cut) if rank == 0 else slice(cut, len(batch))))
-    weights = {name: t.clone() for name, t in learner.named_weights()}  # collective: every rank calls it
+    weights = {name: t.clone() for name, t in learner.policy.named_weights()}  # collective: every rank calls it
     if rank == 0:
         torch.save({"stats": stats, "weights": weights}, out)
     dist.barrier()
@@ -79,12 +79,12 @@ def test_two_ranks_make_the_single_process_update(shared_prefix, cut, extra, tmp
 
     torch.manual_seed(0)
     learner = _learner(cfg, tiny_path)
-    before = {name: t.clone() for name, t in learner.named_weights()}
-    one = learner.step(_batch(learner.pad_id))
+    before = {name: t.clone() for name, t in learner.policy.named_weights()}
+    one = learner.step(_batch(learner.policy.pad_id))
     for key in ("loss", "grad_norm", "clip_frac", "learn/sequences"):
         assert two["stats"][key] == pytest.approx(one[key], rel=1e-5, abs=1e-7), key
     moved = 0.0
-    for name, weight in learner.named_weights():
+    for name, weight in learner.policy.named_weights():
         # Adam's first step is lr * g / (|g| + eps): an entry whose gradient is near eps (1e-8) turns the
         # ranks' other summation order into ~1e-6 of its update (seen with eager attention); 1e-5 is 1 % of lr
         assert torch.allclose(two["weights"][name], weight, atol=1e-5), name

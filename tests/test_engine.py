@@ -31,13 +31,13 @@ def parts(cache_dir, tiny_path):
 
 
 def _batch(learner, rollouts):
-    batch = make_batch(rollouts, learner.pad_id)
+    batch = make_batch(rollouts, learner.policy.pad_id)
     batch.advantages = torch.tensor([1.0, -1.0] * (len(rollouts) // 2))
     return batch
 
 
 def _generate(learner, engine, seed=1):
-    return engine.generate(PROMPTS, [render(learner.tokenizer, p) for p in PROMPTS], n=4, seed=seed)
+    return engine.generate(PROMPTS, [render(learner.policy.tokenizer, p) for p in PROMPTS], n=4, seed=seed)
 
 
 def test_one_request_per_prompt_gives_a_group_with_logprobs(parts):
@@ -57,37 +57,37 @@ def test_one_request_per_prompt_gives_a_group_with_logprobs(parts):
 def test_sampler_logprobs_match_the_learner_at_the_sampling_temperature(parts):
     cfg, learner, engine = parts
     rollouts = _generate(learner, engine, seed=5)
-    batch = make_batch(rollouts, learner.pad_id)
+    batch = make_batch(rollouts, learner.policy.pad_id)
     with torch.no_grad():
-        logp = token_logprobs(learner.model, batch.input_ids, batch.attention_mask, cfg.rollout.temperature)
+        logp = token_logprobs(learner.policy.model, batch.input_ids, batch.attention_mask, cfg.rollout.temperature)
     gap = ((logp - batch.old_logprobs).abs() * batch.loss_mask).max().item()
     assert gap < 1e-3
 
 
 def test_sync_serves_new_weights_and_a_skipped_sync_is_caught(parts):
     cfg, learner, engine = parts
-    canary = canary_sequence(render(learner.tokenizer, PROMPTS[0]), [5, 6, 7, 8], engine.block_size(), 1024)
+    canary = canary_sequence(render(learner.policy.tokenizer, PROMPTS[0]), [5, 6, 7, 8], engine.block_size(), 1024)
     tol = CANARY_TOL["float32"]
-    assert check_canary(engine, learner.sequence_logprobs, canary, tol) <= tol
+    assert check_canary(engine, learner.scorer.sequence_logprobs, canary, tol) <= tol
 
     # Two real updates (non-zero advantages), each followed by a sync: the engine keeps up.
     for step in range(2):
-        before = {k: v.clone() for k, v in learner.named_weights()}
+        before = {k: v.clone() for k, v in learner.policy.named_weights()}
         rollouts = _generate(learner, engine, seed=10 + step)
         stats = learner.step(_batch(learner, rollouts))
         assert stats["grad_norm"] > 0 and stats["learn/skipped_updates"] == 0.0
-        changed = [k for k, v in learner.named_weights() if not torch.equal(v, before[k])]
+        changed = [k for k, v in learner.policy.named_weights() if not torch.equal(v, before[k])]
         assert changed, "the update changed no parameter"
-        engine.load_weights(learner.named_weights())
-        assert check_canary(engine, learner.sequence_logprobs, canary, tol) <= tol
+        engine.load_weights(learner.policy.named_weights())
+        assert check_canary(engine, learner.scorer.sequence_logprobs, canary, tol) <= tol
 
     # An update the engine never hears of must stop the run.
     rollouts = _generate(learner, engine, seed=99)
     learner.step(_batch(learner, rollouts))
     with pytest.raises(WeightSyncError, match="not serving the learner's weights"):
-        check_canary(engine, learner.sequence_logprobs, canary, tol)
-    engine.load_weights(learner.named_weights())  # and a real sync mends it
-    assert check_canary(engine, learner.sequence_logprobs, canary, tol) <= tol
+        check_canary(engine, learner.scorer.sequence_logprobs, canary, tol)
+    engine.load_weights(learner.policy.named_weights())  # and a real sync mends it
+    assert check_canary(engine, learner.scorer.sequence_logprobs, canary, tol) <= tol
 
 
 def test_a_missed_sync_is_caught_whatever_the_tolerance(parts):
@@ -95,19 +95,19 @@ def test_a_missed_sync_is_caught_whatever_the_tolerance(parts):
     any difference (bf16's kernel noise forces a wide one: docs/precision.md), a missed sync is
     still caught; checks with nothing changed on either side, and an honest sync, pass."""
     cfg, learner, engine = parts
-    engine.load_weights(learner.named_weights())
-    canary = Canary(canary_sequence(render(learner.tokenizer, PROMPTS[0]), [5, 6, 7, 8], engine.block_size(), 1024),
+    engine.load_weights(learner.policy.named_weights())
+    canary = Canary(canary_sequence(render(learner.policy.tokenizer, PROMPTS[0]), [5, 6, 7, 8], engine.block_size(), 1024),
                     float("inf"))
-    canary.check(engine, learner.sequence_logprobs)
-    canary.check(engine, learner.sequence_logprobs)  # the same weights on both sides: bit-for-bit the same
+    canary.check(engine, learner.scorer.sequence_logprobs)
+    canary.check(engine, learner.scorer.sequence_logprobs)  # the same weights on both sides: bit-for-bit the same
     learner.step(_batch(learner, _generate(learner, engine, seed=21)))
-    engine.load_weights(learner.named_weights())
-    canary.check(engine, learner.sequence_logprobs)  # an honest sync
+    engine.load_weights(learner.policy.named_weights())
+    canary.check(engine, learner.scorer.sequence_logprobs)  # an honest sync
     learner.step(_batch(learner, _generate(learner, engine, seed=22)))
     with pytest.raises(WeightSyncError, match="did not reach the engine"):
-        canary.check(engine, learner.sequence_logprobs)  # the update the engine never heard of
-    engine.load_weights(learner.named_weights())
-    canary.check(engine, learner.sequence_logprobs)
+        canary.check(engine, learner.scorer.sequence_logprobs)  # the update the engine never heard of
+    engine.load_weights(learner.policy.named_weights())
+    canary.check(engine, learner.scorer.sequence_logprobs)
 
 
 def test_the_engine_holds_exactly_the_weights_sent(parts):
@@ -116,18 +116,18 @@ def test_the_engine_holds_exactly_the_weights_sent(parts):
     ones included. A tensor damaged on its way is named, so is one the sync left out; a sync after a
     real update passes; a reload that skips the prefix-cache reset is caught by what the cache served."""
     cfg, learner, engine = parts
-    engine.load_weights(learner.named_weights())
-    canary = Canary(canary_sequence(render(learner.tokenizer, PROMPTS[0]), [5, 6, 7, 8], engine.block_size(), 1024),
+    engine.load_weights(learner.policy.named_weights())
+    canary = Canary(canary_sequence(render(learner.policy.tokenizer, PROMPTS[0]), [5, 6, 7, 8], engine.block_size(), 1024),
                     float("inf"))  # the logprob checks cannot fail here: only the exact ones can
-    canary.expect(learner.named_weights())
-    canary.check(engine, learner.sequence_logprobs)
-    assert canary.fingerprinted == {name for name, _ in learner.named_weights()}
+    canary.expect(learner.policy.named_weights())
+    canary.check(engine, learner.scorer.sequence_logprobs)
+    assert canary.fingerprinted == {name for name, _ in learner.policy.named_weights()}
 
     def sync(damage=None, lost=False, unsent=False):
-        weights = ((n, t) for n, t in learner.named_weights() if not (unsent and n == DAMAGED))
+        weights = ((n, t) for n, t in learner.policy.named_weights() if not (unsent and n == DAMAGED))
         engine.load_weights((name, damage(t) if damage and name == DAMAGED else t)
                             for name, t in canary.watch(weights) if not (lost and name == DAMAGED))
-        canary.check(engine, learner.sequence_logprobs)
+        canary.check(engine, learner.scorer.sequence_logprobs)
 
     learner.step(_batch(learner, _generate(learner, engine, seed=31)))
     sync()
@@ -135,7 +135,7 @@ def test_the_engine_holds_exactly_the_weights_sent(parts):
     with pytest.raises(WeightSyncError, match=copy_differs):
         sync(damage=lambda t: torch.cat([t[:1] + 1e-3, t[1:]]))  # a row: in every window
     sync()
-    columns = learner.model.state_dict()[DAMAGED].shape[1]
+    columns = learner.policy.model.state_dict()[DAMAGED].shape[1]
     assert columns > fingerprint.WIDTH  # the window moves: one damaged entry is seen when it reaches its column
     with pytest.raises(WeightSyncError, match=copy_differs):
         for _ in range(columns // fingerprint.WIDTH):
@@ -147,11 +147,11 @@ def test_the_engine_holds_exactly_the_weights_sent(parts):
     with pytest.raises(WeightSyncError, match=f"did not pass {DAMAGED} to the engine"):
         sync(unsent=True)
     sync()
-    engine.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(learner.named_weights()),
+    engine.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(learner.policy.named_weights()),
                                                         "is_checkpoint_format": True})
-    canary.expect(learner.named_weights())
+    canary.expect(learner.policy.named_weights())
     with pytest.raises(WeightSyncError, match="tokens of the canary sequence from its prefix cache"):
-        canary.check(engine, learner.sequence_logprobs)
+        canary.check(engine, learner.scorer.sequence_logprobs)
     sync()
 
 
@@ -160,21 +160,21 @@ def test_a_stale_prefix_cache_is_caught(parts):
     never reads the prefix cache for them), but a continuation of the canary reads the KV cached under
     the old weights, as a rollout of a repeated prompt would, and the check stops the run."""
     cfg, learner, engine = parts
-    canary = canary_sequence(render(learner.tokenizer, PROMPTS[1]), [9, 10], engine.block_size(), 1024)
+    canary = canary_sequence(render(learner.policy.tokenizer, PROMPTS[1]), [9, 10], engine.block_size(), 1024)
     assert len(canary) > engine.block_size()  # at least one whole block is cached
     tol = CANARY_TOL["float32"]
-    engine.load_weights(learner.named_weights())
-    assert check_canary(engine, learner.sequence_logprobs, canary, tol) <= tol  # caches the canary's KV
+    engine.load_weights(learner.policy.named_weights())
+    assert check_canary(engine, learner.scorer.sequence_logprobs, canary, tol) <= tol  # caches the canary's KV
     learner.step(_batch(learner, _generate(learner, engine, seed=7)))
     # The sync without its reset (the fault, caused for real on the real engine):
-    engine.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(learner.named_weights()),
+    engine.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(learner.policy.named_weights()),
                                                         "is_checkpoint_format": True})
-    prompt_only = (engine.sequence_logprobs(canary) - learner.sequence_logprobs(canary)).abs().max().item()
+    prompt_only = (engine.sequence_logprobs(canary) - learner.scorer.sequence_logprobs(canary)).abs().max().item()
     assert prompt_only <= tol  # what the canary checked before: blind to the stale cache
     with pytest.raises(WeightSyncError, match="not serving the learner's weights"):
-        check_canary(engine, learner.sequence_logprobs, canary, tol)
-    engine.load_weights(learner.named_weights())  # the reset mends it
-    assert check_canary(engine, learner.sequence_logprobs, canary, tol) <= tol
+        check_canary(engine, learner.scorer.sequence_logprobs, canary, tol)
+    engine.load_weights(learner.policy.named_weights())  # the reset mends it
+    assert check_canary(engine, learner.scorer.sequence_logprobs, canary, tol) <= tol
 
 
 def test_every_sample_of_a_step_has_its_own_random_stream(parts):
@@ -182,7 +182,7 @@ def test_every_sample_of_a_step_has_its_own_random_stream(parts):
     (i, j) and (i + 1, j - 1) would share their noise, and their tokens, if requests were seeded seed + i."""
     _, learner, engine = parts
     same = [PROMPTS[0]] * 8
-    rollouts = engine.generate(same, [render(learner.tokenizer, p) for p in same], n=8, seed=11)
+    rollouts = engine.generate(same, [render(learner.policy.tokenizer, p) for p in same], n=8, seed=11)
     ids = [[rollouts[i * 8 + j].completion_ids for j in range(8)] for i in range(8)]
     assert all(ids[i][j] != ids[i + 1][j - 1] for i in range(7) for j in range(1, 8))
     assert len({tuple(x) for row in ids for x in row}) == 64
@@ -202,7 +202,7 @@ def test_seeded_groups_of_long_prompts_generate(parts):
     _, learner, engine = parts
     long = [Prompt(messages=[{"role": "user", "content": f"{i} " + "seven times twelve " * 70}], answer="84")
             for i in range(12)]
-    ids = [render(learner.tokenizer, p) for p in long]
+    ids = [render(learner.policy.tokenizer, p) for p in long]
     assert sum(map(len, ids)) > 8192 and max(map(len, ids)) < 1024 - 16
     rollouts = engine.generate(long, ids, n=2, seed=3)
     assert len(rollouts) == 24 and all(r.completion_ids for r in rollouts)

@@ -39,7 +39,7 @@ def test_the_learners_forwards_leave_cudnn_attention_out(cache_dir, tiny_path):
     q = torch.randn(2, 4, 40, 64, device="cuda", requires_grad=True)
     mask = torch.ones(40, 40, dtype=torch.bool, device="cuda").tril()[None, None]
     with profile() as prof:
-        with learner.forward_context():
+        with learner.scorer.forward_context():
             out = torch.nn.functional.scaled_dot_product_attention(q, q, q, attn_mask=mask)
         out.float().sum().backward()
     names = {e.key for e in prof.key_averages()}

@@ -27,7 +27,7 @@ TOL = CANARY_TOL["float32"]
 def parts(cache_dir, tiny_path):
     cfg, learner = tiny_learner(cache_dir, tiny_path)
     engine = TransformersEngine(tiny_path, cfg.rollout, "float32", seed=0, device="cpu")
-    ids = [render(learner.tokenizer, p) for p in PROMPTS]
+    ids = [render(learner.policy.tokenizer, p) for p in PROMPTS]
     yield cfg, learner, engine, ids
     engine.close()
 
@@ -54,9 +54,9 @@ def test_groups_lengths_and_per_sample_seeds(parts):
 def test_sampler_logprobs_are_the_learners_at_the_sampling_temperature(parts):
     cfg, learner, engine, ids = parts
     rollouts = engine.generate(PROMPTS, ids, n=4, seed=3)
-    batch = make_batch(rollouts, learner.pad_id)
+    batch = make_batch(rollouts, learner.policy.pad_id)
     with torch.no_grad():
-        scores = token_logprobs(learner.model, batch.input_ids, batch.attention_mask, cfg.rollout.temperature)
+        scores = token_logprobs(learner.policy.model, batch.input_ids, batch.attention_mask, cfg.rollout.temperature)
     for k, r in enumerate(rollouts):
         start = len(r.prompt_ids) - 1
         learner_lp = scores[k, start : start + len(r.completion_ids)]
@@ -86,15 +86,15 @@ def test_each_backend_checks_the_others_logprobs(parts, cache_dir, tiny_path):
 def test_sync_and_canary(parts):
     cfg, learner, engine, ids = parts
     canary = canary_sequence(ids[0], [5, 6, 7], engine.block_size(), cfg.rollout.max_model_len)
-    assert check_canary(engine, learner.sequence_logprobs, canary, TOL) < TOL
+    assert check_canary(engine, learner.scorer.sequence_logprobs, canary, TOL) < TOL
     rollouts = engine.generate(PROMPTS, ids, n=4, seed=1)
-    batch = make_batch(rollouts, learner.pad_id)
+    batch = make_batch(rollouts, learner.policy.pad_id)
     batch.advantages = torch.tensor([1.0, -1.0] * 4)
     learner.step(batch)
     with pytest.raises(WeightSyncError, match="canary"):  # the engine still holds the old weights
-        check_canary(engine, learner.sequence_logprobs, canary, TOL)
-    engine.load_weights(learner.named_weights())
-    assert check_canary(engine, learner.sequence_logprobs, canary, TOL) < TOL
+        check_canary(engine, learner.scorer.sequence_logprobs, canary, TOL)
+    engine.load_weights(learner.policy.named_weights())
+    assert check_canary(engine, learner.scorer.sequence_logprobs, canary, TOL) < TOL
     with pytest.raises(WeightSyncError, match="'nope'"):
         engine.load_weights([("nope", torch.zeros(1))])
 

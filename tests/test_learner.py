@@ -42,7 +42,7 @@ def _batch(n=8, seed=0):
 
 
 def _params(learner):
-    return {k: v.clone() for k, v in learner.named_weights()}
+    return {k: v.clone() for k, v in learner.policy.named_weights()}
 
 
 @pytest.mark.parametrize("extra", [
@@ -60,8 +60,8 @@ def test_micro_batching_does_not_change_the_update(cache_dir, tiny_path, extra):
     assert a["loss"] == pytest.approx(b["loss"], abs=1e-6)
     assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4)
     # Compare the accumulated gradients (Adam's first step is sign-like and would magnify float noise).
-    grads_whole = {k: p.grad for k, p in whole.model.named_parameters()}
-    grads_split = {k: p.grad for k, p in split.model.named_parameters()}
+    grads_whole = {k: p.grad for k, p in whole.policy.model.named_parameters()}
+    grads_split = {k: p.grad for k, p in split.policy.model.named_parameters()}
     assert any(g is not None and g.abs().sum() > 0 for g in grads_whole.values())
     for k, g in grads_whole.items():
         assert torch.allclose(g, grads_split[k], atol=1e-7, rtol=1e-4), k
@@ -74,7 +74,7 @@ def test_all_zero_advantages_change_nothing(cache_dir, tiny_path):
     batch.advantages.zero_()
     stats = learner.step(batch)
     assert stats["learn/sequences"] == 0 and stats["grad_norm"] == 0
-    assert all(torch.equal(v, before[k]) for k, v in learner.named_weights())
+    assert all(torch.equal(v, before[k]) for k, v in learner.policy.named_weights())
 
 
 def test_epochs_and_mini_batches_take_that_many_optimizer_steps(cache_dir, tiny_path):
@@ -85,9 +85,9 @@ def test_epochs_and_mini_batches_take_that_many_optimizer_steps(cache_dir, tiny_
 
 
 def test_reference_model_only_when_kl_is_used(cache_dir, tiny_path):
-    assert _learner(cache_dir, tiny_path).ref is None
+    assert _learner(cache_dir, tiny_path).policy.ref is None
     with_kl = _learner(cache_dir, tiny_path, "algorithm.kl.coef=0.1")
-    assert with_kl.ref is not None
+    assert with_kl.policy.ref is not None
     stats = with_kl.step(_batch())
     assert stats["kl"] == pytest.approx(0.0, abs=1e-9)  # the first update starts at the reference
     assert with_kl.step(_batch(seed=1))["kl"] > 0  # after one update the policy has moved
@@ -116,7 +116,7 @@ def test_gspo_preset_is_not_clipped_by_the_engine_learner_mismatch(cache_dir, ti
     would be clipped on the first update. The preset takes the learner's own logprobs (and TIS)."""
     def mismatched_batch(learner):
         batch = _batch()
-        batch.old_logprobs = (learner.batch_logprobs(batch) + sign * 1e-3) * batch.loss_mask
+        batch.old_logprobs = (learner.scorer.batch_logprobs(batch) + sign * 1e-3) * batch.loss_mask
         return batch
 
     preset = _learner(cache_dir, tiny_path, "algorithm=gspo")
@@ -154,14 +154,14 @@ def test_tis_from_the_update_s_own_forward_is_the_objective_of_the_whole_batch(c
     stats = own.step(batch)
 
     mask = batch.loss_mask
-    logp = token_logprobs(by_hand.model, batch.input_ids, batch.attention_mask, by_hand.temperature)  # [N, T-1]
+    logp = token_logprobs(by_hand.policy.model, batch.input_ids, batch.attention_mask, by_hand.scorer.temperature)  # [N, T-1]
     old = logp.detach()
     norm = Normaliser(int(mask.sum()), len(batch), by_hand.max_tokens)
     weight = tis_weight(old, batch.old_logprobs, mask, by_hand.tis_cap)
     ref = old if by_hand.objective.kl_coef > 0 else None
     loss, expected = policy_loss(logp, old, ref, batch.advantages, mask, by_hand.objective, norm, weight)
     loss.backward()
-    grad_norm = torch.nn.utils.clip_grad_norm_(list(by_hand.model.parameters()), by_hand.optim_cfg.max_grad_norm)
+    grad_norm = torch.nn.utils.clip_grad_norm_(list(by_hand.policy.model.parameters()), by_hand.optim_cfg.max_grad_norm)
 
     assert stats["loss"] == pytest.approx(expected.loss, rel=1e-5, abs=1e-7)
     assert stats["clip_frac"] * expected.tokens == pytest.approx(expected.clipped)
@@ -169,8 +169,8 @@ def test_tis_from_the_update_s_own_forward_is_the_objective_of_the_whole_batch(c
     gap = ((old - batch.old_logprobs).abs() * mask)[scored]
     assert stats["mismatch/logprob_abs_mean"] == pytest.approx(float(gap.sum() / mask[scored].sum()), rel=1e-5)
     assert stats["grad_norm"] == pytest.approx(float(grad_norm), rel=1e-4)
-    grads = dict(own.model.named_parameters())
-    for k, p in by_hand.model.named_parameters():
+    grads = dict(own.policy.model.named_parameters())
+    for k, p in by_hand.policy.model.named_parameters():
         assert torch.allclose(p.grad, grads[k].grad, atol=1e-7, rtol=1e-4), k
 
 
@@ -197,30 +197,30 @@ def test_compiled_decoder_layers_compute_what_eager_ones_do(cache_dir, tiny_path
     eager, compiled = (_learner(cache_dir, tiny_path, f"learner.compile={c}", *extra) for c in ("false", "true"))
     if extra:  # LoRA's B starts at 0, which would leave A without a gradient
         with torch.no_grad():
-            for name, p in eager.model.named_parameters():
+            for name, p in eager.policy.model.named_parameters():
                 if "lora_B" in name:
                     p.normal_(std=0.1)
-        compiled.model.load_state_dict(eager.model.state_dict())
-    layers = decoder_layers(compiled.model)
-    assert compiled.compiled and not eager.compiled and len(layers) == compiled.model.config.num_hidden_layers
+        compiled.policy.model.load_state_dict(eager.policy.model.state_dict())
+    layers = decoder_layers(compiled.policy.model)
+    assert compiled.policy.compiled and not eager.policy.compiled and len(layers) == compiled.policy.model.config.num_hidden_layers
     assert all(layer._compiled_call_impl is not None for layer in layers)
     seq = [5, 17, 300, 42, 8, 99, 123, 7]
-    before = eager.sequence_logprobs(seq)
-    assert torch.allclose(compiled.sequence_logprobs(seq), before, atol=1e-5)
+    before = eager.scorer.sequence_logprobs(seq)
+    assert torch.allclose(compiled.scorer.sequence_logprobs(seq), before, atol=1e-5)
     batch = _batch()
     a, b = eager.step(batch), compiled.step(batch)
     assert a["loss"] == pytest.approx(b["loss"], abs=1e-6)
     assert a["grad_norm"] > 0 and a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4)
-    grads = dict(compiled.model.named_parameters())
-    for k, p in eager.model.named_parameters():
+    grads = dict(compiled.policy.model.named_parameters())
+    for k, p in eager.policy.model.named_parameters():
         if p.grad is not None:
             assert torch.allclose(p.grad, grads[k].grad, atol=1e-7, rtol=1e-4), k
     # Adam's first step is sign-like (float noise in a near-zero gradient flips it): copy the weights over.
-    compiled.model.load_state_dict(eager.model.state_dict())
-    after = eager.sequence_logprobs(seq)
+    compiled.policy.model.load_state_dict(eager.policy.model.state_dict())
+    after = eager.scorer.sequence_logprobs(seq)
     assert (after - before).abs().max() > 1e-2  # the update moved the policy
-    assert torch.allclose(compiled.sequence_logprobs(seq), after, atol=1e-5)
-    assert torch.allclose(compiled.batch_logprobs(batch), eager.batch_logprobs(batch), atol=1e-5)
+    assert torch.allclose(compiled.scorer.sequence_logprobs(seq), after, atol=1e-5)
+    assert torch.allclose(compiled.scorer.batch_logprobs(batch), eager.scorer.batch_logprobs(batch), atol=1e-5)
 
 
 @pytest.mark.parametrize(("setting", "bf16", "device", "expected"), [

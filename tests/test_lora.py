@@ -41,11 +41,11 @@ def parts(cache_dir, tiny_path):
     learner = Learner(tiny_path, cfg.optim, cfg.algorithm, cfg.learner, cfg.rollout.temperature,
                       cfg.rollout.max_tokens, "cpu", lora=cfg.model.lora)
     engine = VllmEngine(tiny_path, cfg.rollout, "float32", seed=0, device="cpu", cache_dir=cache_dir)
-    ids = [render(learner.tokenizer, p) for p in PROMPTS]
+    ids = [render(learner.policy.tokenizer, p) for p in PROMPTS]
     rollouts = engine.generate(PROMPTS, ids, n=4, seed=1)
-    batch = make_batch(rollouts, learner.pad_id)
+    batch = make_batch(rollouts, learner.policy.pad_id)
     batch.advantages = torch.tensor([1.0, -1.0] * 4)
-    before = {k: v.clone() for k, v in learner.model.state_dict().items()}
+    before = {k: v.clone() for k, v in learner.policy.model.state_dict().items()}
     stats = learner.step(batch)
     yield learner, engine, ids, batch, before, stats
     engine.close()
@@ -53,40 +53,40 @@ def parts(cache_dir, tiny_path):
 
 def test_only_the_adapters_train(parts):
     learner, _, _, _, before, stats = parts
-    after = learner.model.state_dict()
+    after = learner.policy.model.state_dict()
     adapters = [k for k in after if ".lora_" in k]
     assert adapters and stats["grad_norm"] > 0
     assert all(torch.equal(before[k], after[k]) for k in after if ".lora_" not in k)  # the base is frozen
     assert any(not torch.equal(before[k], after[k]) for k in adapters)
     trained = {id(p) for g in learner.optimizer.param_groups for p in g["params"]}
-    named = dict(learner.model.named_parameters())
+    named = dict(learner.policy.model.named_parameters())
     assert trained == {id(p) for n, p in named.items() if ".lora_" in n}
     assert len(learner.optimizer.state) == len(trained)  # optimizer state for the adapters alone
 
 
 def test_the_reference_is_the_base_with_adapters_off(parts, tiny_path):
     learner, _, _, batch, _, _ = parts
-    assert learner.ref is None  # no second copy
+    assert learner.policy.ref is None  # no second copy
     base = AutoModelForCausalLM.from_pretrained(tiny_path, dtype=torch.float32)
     with torch.no_grad():
-        want = token_logprobs(base, batch.input_ids, batch.attention_mask, learner.temperature) * batch.loss_mask
-    ref = learner.batch_logprobs(batch, reference=True) * batch.loss_mask
-    policy = learner.batch_logprobs(batch) * batch.loss_mask
+        want = token_logprobs(base, batch.input_ids, batch.attention_mask, learner.scorer.temperature) * batch.loss_mask
+    ref = learner.scorer.batch_logprobs(batch, reference=True) * batch.loss_mask
+    policy = learner.scorer.batch_logprobs(batch) * batch.loss_mask
     assert (ref - want).abs().max() < 1e-5
     assert (policy - want).abs().max() > 1e-4  # the adapters did move the policy away from it
 
 
 def test_the_engine_gets_the_merged_weights(parts):
     learner, engine, ids, _, _, _ = parts
-    merged = copy.deepcopy(learner.model).merge_and_unload().state_dict()  # peft's own merge
-    ours = dict(merged_weights(learner.model))
+    merged = copy.deepcopy(learner.policy.model).merge_and_unload().state_dict()  # peft's own merge
+    ours = dict(merged_weights(learner.policy.model))
     assert ours.keys() == merged.keys()  # the base model's Hugging Face names, no adapter entries
     assert max((ours[k] - merged[k]).abs().max().item() for k in ours) < 1e-6
     canary = canary_sequence(ids[0], [5, 6, 7], engine.block_size(), 1024)
     with pytest.raises(Exception, match="canary"):  # the engine still serves the base
-        check_canary(engine, learner.sequence_logprobs, canary, TOL)
-    engine.load_weights(learner.named_weights())
-    assert check_canary(engine, learner.sequence_logprobs, canary, TOL) < TOL
+        check_canary(engine, learner.scorer.sequence_logprobs, canary, TOL)
+    engine.load_weights(learner.policy.named_weights())
+    assert check_canary(engine, learner.scorer.sequence_logprobs, canary, TOL) < TOL
 
 
 def test_bad_lora_settings_fail_naming_the_key(tiny_path, cache_dir):

@@ -46,21 +46,21 @@ def test_bf16_mixed_keeps_float32_masters_and_computes_in_bf16(cache_dir, tiny_p
     full = Learner(tiny_path, cfg.optim, cfg.algorithm, cfg.learner, cfg.rollout.temperature, cfg.rollout.max_tokens,
                    "cpu", precision.resolve("fp32", "auto", None, "cpu"))
     batch = _batch()
-    logp_mixed, logp_full = mixed.batch_logprobs(batch), full.batch_logprobs(batch)
+    logp_mixed, logp_full = mixed.scorer.batch_logprobs(batch), full.scorer.batch_logprobs(batch)
     assert logp_mixed.dtype == torch.float32
     gap = ((logp_mixed - logp_full) * batch.loss_mask).abs().max().item()
     assert 1e-4 < gap < 0.1  # computed in bf16 (not float32), and close to it
     assert mixed.tis_cap == 2.0 and full.tis_cap is None  # the larger bf16 mismatch is corrected by default
-    before = {k: v.clone() for k, v in mixed.named_weights()}
+    before = {k: v.clone() for k, v in mixed.policy.named_weights()}
     stats = mixed.step(batch)
     assert stats["learn/skipped_updates"] == 0
-    assert all(p.dtype == torch.float32 for p in mixed.model.parameters())
+    assert all(p.dtype == torch.float32 for p in mixed.policy.model.parameters())
     assert all(s.dtype == torch.float32 for st in mixed.optimizer.state.values() for s in st.values()
                if torch.is_tensor(s) and s.numel() > 1)
     # float32 masters take updates smaller than a bf16 ulp: AdamW on bf16 weights would lose them.
-    changed = sum((v != before[k]).sum().item() for k, v in mixed.named_weights())
+    changed = sum((v != before[k]).sum().item() for k, v in mixed.policy.named_weights())
     assert changed > 0.9 * sum(v.numel() for v in before.values())
-    assert all(v.dtype == torch.bfloat16 for _, v in mixed.named_weights(torch.bfloat16))
+    assert all(v.dtype == torch.bfloat16 for _, v in mixed.policy.named_weights(torch.bfloat16))
 
 
 @pytest.mark.slow

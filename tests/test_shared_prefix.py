@@ -9,7 +9,8 @@ import random
 import pytest
 import torch
 
-from rlvr.learner import Learner, make_batch, shared_prefix_choice
+from rlvr.learner import Learner, make_batch
+from rlvr.learner.scoring import shared_prefix_choice
 from rlvr.logprobs import token_logprobs
 from rlvr.models import build_atomically
 from rlvr.shared_prefix import lanes_of, pack, packed_shape, shared_prefix_logprobs
@@ -40,7 +41,7 @@ def _batch(learner: Learner, groups=3, group_size=4, seed=0, longest=12):
     """Groups of `group_size` completions of one prompt each; prompts and completions of different lengths,
     sampler logprobs near the learner's (so that clipping and TIS do something but not everything)."""
     rng = random.Random(seed)
-    vocab = min(learner.model.config.vocab_size, 1000)
+    vocab = min(learner.policy.model.config.vocab_size, 1000)
     rollouts = []
     for g in range(groups):
         prompt = [rng.randrange(3, vocab) for _ in range(rng.randint(6, 30))]
@@ -51,7 +52,7 @@ def _batch(learner: Learner, groups=3, group_size=4, seed=0, longest=12):
                                     finish_reason="length" if len(c) == 12 else "stop"))
     batch = make_batch(rollouts, pad_id=0)
     with torch.no_grad():
-        exact = learner.batch_logprobs(batch)
+        exact = learner.scorer.batch_logprobs(batch)
     noise = torch.tensor([[rng.gauss(0, 0.05) for _ in range(exact.shape[1])] for _ in range(len(batch))])
     batch.old_logprobs = (exact + noise) * batch.loss_mask
     batch.advantages = torch.tensor([rng.choice([-1.0, -0.3, 0.5, 1.0]) for _ in range(len(batch))])
@@ -59,14 +60,14 @@ def _batch(learner: Learner, groups=3, group_size=4, seed=0, longest=12):
 
 
 def _compare(full: Learner, shared: Learner, batch, logprob_tol=1e-5, grad_rtol=1e-4, loss_rtol=1e-5):
-    logp_full, logp_shared = full.batch_logprobs(batch), shared.batch_logprobs(batch)
+    logp_full, logp_shared = full.scorer.batch_logprobs(batch), shared.scorer.batch_logprobs(batch)
     assert ((logp_full - logp_shared) * batch.loss_mask).abs().max().item() < logprob_tol
     a, b = full.step(batch), shared.step(batch)
     assert a["loss"] == pytest.approx(b["loss"], rel=loss_rtol, abs=1e-7)
     assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4)
     assert b["learn/tokens"] < a["learn/tokens"]  # the prompts were forwarded once per group
-    grads_full = dict(full.model.named_parameters())
-    for name, p in shared.model.named_parameters():
+    grads_full = dict(full.policy.model.named_parameters())
+    for name, p in shared.policy.model.named_parameters():
         g_full, g_shared = grads_full[name].grad, p.grad
         scale = g_full.abs().max().item()
         assert (g_shared - g_full).abs().max().item() <= grad_rtol * scale + 1e-9, name
@@ -141,7 +142,7 @@ def test_packed_completions_give_the_full_rows_logprobs_and_gradients(cache_dir,
     the prompts' logits alone); with both attention kernels (their masks differ); at a sampling
     temperature other than 1 (both the prompts' and the completions' logits are scaled by it)."""
     learner = _learner(cache_dir, tiny_path, True)
-    model = learner.model
+    model = learner.policy.model
     model.set_attn_implementation(kernel)
     batch = _batch(learner, groups=3, longest=longest)
     weights = torch.randn(batch.loss_mask.shape, generator=torch.Generator().manual_seed(1)) * batch.loss_mask

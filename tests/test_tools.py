@@ -213,9 +213,9 @@ def test_multi_turn_rollouts_train_on_exactly_the_engines_tokens(backend, tool_m
     learner = Learner(tool_model, cfg.optim, cfg.algorithm, cfg.learner, 1.0, 64, "cpu")
     box = build_tools(cfg.tools, cfg.rollout)
     engine = CountingEngine(build_engine(tool_model, cfg.rollout, "float32", 0, "cpu", cache_dir))
-    turns = ToolRollouts(engine, learner.tokenizer, box, 64, cfg.rollout.max_turns, None, cfg.rollout.max_model_len)
+    turns = ToolRollouts(engine, learner.policy.tokenizer, box, 64, cfg.rollout.max_turns, None, cfg.rollout.max_model_len)
     prompts = [_prompt(a, b) for a, b in TAUGHT[:2]]
-    ids = [render(learner.tokenizer, p, box) for p in prompts]
+    ids = [render(learner.policy.tokenizer, p, box) for p in prompts]
     try:
         rollouts = turns.generate(prompts, ids, n=4, seed=5)
         assert engine.calls <= cfg.rollout.max_turns  # one batched call per turn, not one per conversation
@@ -234,10 +234,10 @@ def test_multi_turn_rollouts_train_on_exactly_the_engines_tokens(backend, tool_m
             assert all(lp == 0.0 for lp, m in zip(r.sampler_logprobs, r.completion_mask, strict=True) if not m)
             assert tool["content"] in r.text
         # the learner scores every model token as the engine sampled it, across turns
-        batch = make_batch(rollouts, learner.pad_id)
+        batch = make_batch(rollouts, learner.policy.pad_id)
         assert batch.loss_mask.sum() == sum(sum(r.completion_mask) for r in rollouts)
         with torch.no_grad():
-            scores = learner.batch_logprobs(batch)
+            scores = learner.scorer.batch_logprobs(batch)
         diff = ((scores - batch.old_logprobs).abs() * batch.loss_mask).max().item()
         assert diff < TOL
         # the same seed repeats every turn
@@ -248,11 +248,11 @@ def test_multi_turn_rollouts_train_on_exactly_the_engines_tokens(backend, tool_m
         halves = turns.generate(prompts[:1], ids[:1], n=4, seed=5) + turns.generate(prompts[1:], ids[1:], n=4, seed=9)
         assert [r.completion_ids for r in halves] == [r.completion_ids for r in rollouts]
         # no turn left to answer the call: it ends there
-        one = ToolRollouts(engine, learner.tokenizer, box, 64, 1, None, cfg.rollout.max_model_len)
+        one = ToolRollouts(engine, learner.policy.tokenizer, box, 64, 1, None, cfg.rollout.max_model_len)
         for r in one.generate(prompts, ids, n=1, seed=5, greedy=True):
             assert r.tool_calls == 0 and r.finish_reason == "length" and r.conversation[-1]["role"] == "assistant"
         # no token budget left for the result: it ends there too
-        short = ToolRollouts(engine, learner.tokenizer, box, 64, 3, 64, cfg.rollout.max_model_len)
+        short = ToolRollouts(engine, learner.policy.tokenizer, box, 64, 3, 64, cfg.rollout.max_model_len)
         for r in short.generate(prompts, ids, n=1, seed=5, greedy=True):
             assert r.finish_reason == "length" and len(r.completion_ids) <= 64
     finally:

@@ -81,7 +81,7 @@ def test_dynamic_sampling_keeps_groups_by_their_shaped_scores(cache_dir, tiny_pa
     from rlvr.data import build_task
 
     task = build_task(cfg, tiny_path)
-    fit = PromptFit(learner.tokenizer, cfg.rollout.max_model_len, cfg.rollout.max_tokens)
+    fit = PromptFit(learner.policy.tokenizer, cfg.rollout.max_model_len, cfg.rollout.max_tokens)
     engine = VllmEngine(tiny_path, cfg.rollout, "float32", 0, "cpu", cache_dir)
 
     def score(rollouts):
