@@ -16,6 +16,9 @@ VLLM_EXTRA ?= $(shell nvidia-smi -L >/dev/null 2>&1 && echo cuda || echo cpu)
 # Extra arguments: make train ARGS="optim.lr=3e-6"   make test PYTEST_ARGS="-k grpo"
 ARGS ?=
 PYTEST_ARGS ?=
+# Test processes (pytest-xdist), each taking whole files: two keep two cores busy through the suite's
+# process start-ups and waits. More need more memory (every worker runs its own vLLM engines).
+TEST_WORKERS ?= 2
 
 .PHONY: install train test bench lint docs
 
@@ -35,7 +38,7 @@ train: install
 	$(VENV)/bin/rlvr train +experiment=multiplication $(ARGS)
 
 test: install
-	$(VENV)/bin/pytest $(PYTEST_ARGS)
+	$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 bench: install
 	$(PY) scripts/bench_step.py $(ARGS)
