@@ -38,7 +38,7 @@ train: install
 	$(VENV)/bin/rlvr train +experiment=multiplication $(ARGS)
 
 test: install
-	$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 bench: install
 	$(PY) scripts/bench_step.py $(ARGS)

@@ -30,8 +30,9 @@ FP32 = "learner.precision=fp32"
 GRPO = "algorithm=grpo"
 
 
-# `make test` runs two workers (pytest-xdist), each taking whole files: the longest files go first, so
-# that no worker is left with a long file while the other has finished.
+# `make test` runs two workers (pytest-xdist), each taking whole files in this order (the Makefile's
+# --no-loadscope-reorder): the longest go first, so that no worker is left with a long file while the
+# other has finished.
 LONGEST_FIRST = ["test_distributed.py", "test_checkpoint.py", "test_shared_prefix.py", "test_learning.py"]
 
 
