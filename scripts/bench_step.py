@@ -1,4 +1,4 @@
-"""Benchmark a few training steps: the time split (rollout / reward / learn / sync) and tokens/s.
+"""Benchmark a few training steps: the time of each phase of a step and tokens/s.
 
     python scripts/bench_step.py                                   # the default model
     python scripts/bench_step.py model=tiny                        # the tiny model
@@ -23,8 +23,10 @@ from hydra import compose, initialize_config_dir
 from rlvr.cli import CONFIG_DIR
 from rlvr.config import register, typed
 
-KEYS = ["time/rollout_s", "time/reward_s", "time/learn_s", "time/sync_s", "time/step_s", "tokens_per_s",
-        "completion_len/mean", "learn/sequences", "sync/logprob_max_diff"]
+# Every phase of a step (they add up to time/step_s), then its throughput and size.
+KEYS = ["time/prompts_s", "time/rollout_s", "time/reward_s", "time/learn_s", "time/sync_s", "time/canary_s",
+        "time/other_s", "time/step_s", "tokens_per_s", "completion_len/mean", "learn/sequences",
+        "sync/logprob_max_diff"]
 
 
 def main() -> None:
