@@ -1,10 +1,12 @@
 """Every `rlvr train` / `rlvr eval` command in the code blocks of README.md and docs/*.md composes as a
 shell would pass it, and passes the checks a run makes before anything loads (values, combinations,
-unknown keys)."""
+unknown keys); every `rlvr plot` command draws, every `make` command names a target of the Makefile,
+and every script named exists."""
 
 from __future__ import annotations
 
 import itertools
+import json
 import re
 import shlex
 from pathlib import Path
@@ -16,7 +18,7 @@ from rlvr.cli import CONFIG_DIR
 from rlvr.config import check
 from rlvr.keys import check_overrides, unknown_keys
 
-from .conftest import REPO, compose_config, compose_dictconfig
+from .conftest import REPO, cli_here, compose_config, compose_dictconfig
 
 # Placeholders a reader fills in, and what stands in for them here (compose does not touch the paths).
 FILLED = {"outputs/…/model": "/tmp/rlvr-readme/run/model", "<same dir>": "/tmp/rlvr-readme/run"}
@@ -27,16 +29,16 @@ FLAGS = {"--help", "--cfg", "-m", "--multirun"}
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 
 
-def readme_commands() -> list[str]:
-    """The `rlvr train|eval` command lines of the code blocks (fenced, or indented by four spaces) of
-    README.md and the docs, with backslash continuations joined."""
+def readme_commands(pattern: str = r"rlvr (train|eval)\b") -> list[str]:
+    """The command lines of the code blocks (fenced, or indented by four spaces) of README.md and the
+    docs that start with `pattern` (`rlvr train|eval`), with backslash continuations joined."""
     commands = []
     for page in PAGES:
-        commands += _commands(page.read_text())
+        commands += _commands(page.read_text(), pattern)
     return commands
 
 
-def _commands(text: str) -> list[str]:
+def _commands(text: str, pattern: str) -> list[str]:
     commands, fenced, pending = [], False, ""
     for line in text.splitlines():
         if line.startswith("```"):
@@ -49,7 +51,7 @@ def _commands(text: str) -> list[str]:
         if line.endswith("\\"):  # the shell joins the next line
             pending = line[:-1]
             continue
-        if re.match(r"rlvr (train|eval)\b", line):
+        if re.match(pattern, line):
             commands.append(line)
     return commands
 
@@ -102,3 +104,37 @@ def test_the_prompt_template_arrives_as_written():
     [command] = [c for c in COMMANDS if "data.prompt_template=" in c]
     [overrides] = overrides_of(command)
     assert compose_config(overrides).data.prompt_template == r"{prompt} Put the final answer in \boxed{}."
+
+
+def test_every_make_command_names_a_target_and_every_script_exists():
+    targets = set(re.findall(r"^([a-z][\w-]*):", (REPO / "Makefile").read_text(), re.M))
+    made = readme_commands(r"make \w")
+    assert made
+    for command in made:
+        assert shlex.split(command, comments=True)[1] in targets, command
+    scripts = readme_commands(r"python scripts/")
+    assert scripts
+    for command in scripts:
+        assert (REPO / shlex.split(command, comments=True)[1]).is_file(), command
+
+
+def test_every_plot_command_draws(tmp_path, cache_dir):
+    """`rlvr plot` as the docs write it, on run dirs of a few logged steps in place of theirs."""
+    commands = readme_commands(r"rlvr plot ")
+    assert commands
+    for k, command in enumerate(commands):
+        args = shlex.split(command, comments=True)[2:]
+        if any(a.startswith("[") or "…" in a for a in args):
+            continue  # a placeholder for the reader's run dirs
+        where = tmp_path / str(k)
+        for a in args:
+            if a.startswith("outputs/"):
+                run = where / a
+                run.mkdir(parents=True)
+                (run / "metrics.jsonl").write_text("".join(
+                    json.dumps({"step": s, "reward/mean": 0.1 * s, "accuracy": 0.1 * s, "time/step_s": 1.0}) + "\n"
+                    for s in range(1, 4)))
+        result = cli_here(["plot", *args], cache=cache_dir, cwd=where)
+        assert result.returncode == 0, result.stdout + result.stderr
+        out = args[args.index("--out") + 1] if "--out" in args else f"{args[0]}/curves.png"
+        assert (where / out).is_file(), command
