@@ -60,12 +60,10 @@ def command_help(command: str) -> str:
     chosen = defaults_list()
     lines = [f"usage: rlvr {command} [+experiment=NAME] [GROUP=OPTION ...] [GROUP.KEY=VALUE ...] [-m]", "",
              WHAT[command], "", "config groups (pick an option with GROUP=OPTION; the default is marked *):"]
-    for group, line in GROUP_LINES.items():
+    for group, line in {**GROUP_LINES, "tools": "Tools the model may call in multi-turn rollouts."}.items():
         names = ", ".join(o + ("*" if o == chosen.get(group) else "") for o in options(group))
         lines += [f"  {group:<11}{line}", f"  {'':<11}options: {names}"]
-    lines += [f"  {'tools':<11}Tools the model may call in multi-turn rollouts.",
-              f"  {'':<11}options: {', '.join(o + ('*' if o == chosen.get('tools') else '') for o in options('tools'))}",
-              f"  {'experiment':<11}Whole setups, applied with +experiment=NAME: {', '.join(options('experiment'))}",
+    lines += [f"  {'experiment':<11}Whole setups, applied with +experiment=NAME: {', '.join(options('experiment'))}",
               "", "every key, its type, default, choices and meaning: docs/reference.md",
               f"the composed config, nothing run:                 rlvr {command} [overrides] --cfg job",
               f"Hydra's own flags:                                 rlvr {command} --hydra-help"]

@@ -54,7 +54,7 @@ class Learner:
                              adapter_path=adapter_path)
         self.scorer = Scorer(self.policy, learner.micro_batch_size, learner.shared_prefix, algorithm.group_size,
                              temperature, bf16)
-        self.algo, self.optim_cfg, self.max_tokens, self.device = algorithm, optim, max_tokens, device
+        self.algo, self.optim_cfg, self.max_tokens = algorithm, optim, max_tokens
         self.optimizer, self.scheduler = make_optimizer(self.policy.model, optim)
         # The sampler/learner mismatch is larger in bf16: there the old policy defaults to the learner's
         # own logprobs, with TIS weights capped at 2, unless algorithm.tis_cap says otherwise.
@@ -150,7 +150,7 @@ class Learner:
             rows = rows[batch.advantages != 0]
         self.optimizer.zero_grad(set_to_none=True)
         out = dict.fromkeys(("loss", "kl", "clipped", "tokens", "mismatch_sum", "mismatch_max"), 0.0)
-        scorer, model = self.scorer, self.policy.model
+        scorer, model, device = self.scorer, self.policy.model, self.policy.device
         for sel in scorer.micro_batches(rows):
             if sel is None:  # nothing left here: a forward and backward at zero weight, to match theirs
                 logp, _, _ = scorer.forward(model, scorer.idle)
@@ -158,15 +158,15 @@ class Learner:
                 continue
             part = batch.select(sel)
             logp, mask, width = scorer.forward(model, part)  # [n, t]
-            sampler = part.old_logprobs[:, : width - 1].to(self.device)  # [n, t]
+            sampler = part.old_logprobs[:, : width - 1].to(device)  # [n, t]
             if anchor is None:  # the learner's own old logprobs: these, before the step (no gradient)
                 old = logp.detach()
                 weight = tis_weight(old, sampler, mask, self.tis_cap)
             else:
-                old = anchor[sel, : width - 1].to(self.device)
-                weight = None if tis is None else tis[sel, : width - 1].to(self.device)
-            loss, stats = policy_loss(logp, old, None if ref is None else ref[sel, : width - 1].to(self.device),
-                                      part.advantages.to(self.device), mask, self.objective, norm, weight)
+                old = anchor[sel, : width - 1].to(device)
+                weight = None if tis is None else tis[sel, : width - 1].to(device)
+            loss, stats = policy_loss(logp, old, None if ref is None else ref[sel, : width - 1].to(device),
+                                      part.advantages.to(device), mask, self.objective, norm, weight)
             (loss * distributed.world_size()).backward()  # FSDP2 averages the ranks' gradients: undo it
             out["loss"] += stats.loss
             out["kl"] += stats.kl / max(norm.tokens, 1)
