@@ -3,6 +3,7 @@
     rlvr train +experiment=multiplication optim.lr=3e-6      # one run
     rlvr train -m +experiment=multiplication seed=0,1,2       # a sweep (Hydra multirun)
     rlvr train --help                                         # the config groups, their options, the docs
+    rlvr sft +experiment=multiplication_4x2_sft               # the supervised cold start alone
     rlvr eval +experiment=multiplication model=local model.path=outputs/.../model   # greedy + pass@k
     rlvr plot RUN_DIR [RUN_DIR ...]                           # curves of runs, overlaid, as a PNG
 """
@@ -34,6 +35,9 @@ commands:
             all options:      rlvr train --help   (config groups and their options)
                               rlvr train --cfg job (the composed config, nothing runs)
                               docs/reference.md   (every key: type, default, choices, meaning)
+  sft       the supervised cold start alone (imitate demonstrations); writes <run dir>/model, which
+            rlvr train starts from with model=local model.path=...; rlvr train with sft.steps > 0 runs
+            the cold start, then RL, in one run dir: rlvr train +experiment=multiplication_4x2_sft
   eval      greedy accuracy and pass@k of a model on a task's held-out prompts; any train override works:
             rlvr eval +experiment=multiplication model=local model.path=outputs/.../model eval.n_samples=8
             writes eval.json and eval_samples.jsonl into its run dir
@@ -47,7 +51,9 @@ examples:
 docs: README.md, then docs/ (or `make docs` for the site)
 """
 
-WHAT = {"train": "Run RL training (GRPO and descendants) with vLLM rollouts; writes into its run dir.",
+WHAT = {"train": "Run RL training (GRPO and descendants) with vLLM rollouts; writes into its run dir. With "
+                 "sft.steps > 0 the supervised cold start runs first, into <run dir>/sft.",
+        "sft": "The supervised cold start alone: the policy imitates demonstrations (sft.*); writes <run dir>/model.",
         "eval": "Greedy accuracy and pass@k of a model on a task's held-out prompts; writes eval.json and "
                 "eval_samples.jsonl."}
 
@@ -94,6 +100,14 @@ def _train(cfg: DictConfig) -> float | None:
 
 
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="train")
+def _sft(cfg: DictConfig) -> float | None:
+    from rlvr import launch
+    from rlvr.sft import run_sft
+
+    return _reported(lambda cfg, run_dir: launch.run(run_sft, cfg, run_dir, discard=remove_if_untouched), cfg)
+
+
+@hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="train")
 def _eval(cfg: DictConfig) -> float | None:
     from rlvr.evaluate import run_eval
 
@@ -117,7 +131,8 @@ def _user_config_dirs(args: list[str]) -> list[Path]:
     return dirs
 
 
-COMMANDS = {"train": _train, "eval": _eval, "plot": _plot}
+COMMANDS = {"train": _train, "sft": _sft, "eval": _eval, "plot": _plot}
+CONFIGURED = ("train", "sft", "eval")  # the commands that compose a config
 
 
 def main() -> None:
@@ -129,13 +144,13 @@ def main() -> None:
     if command not in COMMANDS:
         print(f"rlvr: unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
         sys.exit(2)
-    if command in ("train", "eval") and {"-h", "--help"} & set(rest):
+    if command in CONFIGURED and {"-h", "--help"} & set(rest):
         print(command_help(command))
         sys.exit(0)
-    if command in ("train", "eval"):
+    if command in CONFIGURED:
         try:
             check_overrides(rest, Path(CONFIG_DIR), _user_config_dirs(rest))
-            if command == "train":
+            if command in ("train", "sft"):
                 refuse_early(rest)
         except (ConfigError, RunDirError) as e:
             print(f"rlvr {command}: {e}", file=sys.stderr)

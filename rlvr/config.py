@@ -101,6 +101,7 @@ class MultiplicationDataConfig(DataConfig):
     window: int = MISSING
     eval_fraction: float = MISSING
     template: str = MISSING
+    demonstration: str = MISSING
 
 
 @dataclass
@@ -214,6 +215,24 @@ class OptimConfig:
 
 
 @dataclass
+class SftConfig:
+    """The supervised cold start: `rlvr sft`, and `rlvr train` before RL when `steps` > 0."""
+
+    steps: int = MISSING
+    data: str = MISSING
+    format: str = MISSING
+    messages_key: str = MISSING
+    prompt_key: str = MISSING
+    completion_key: str = MISSING
+    batch_size: int = MISSING
+    lr: float = MISSING
+    warmup_steps: int = MISSING
+    packing: bool = MISSING
+    eval_every: int = MISSING
+    save_every: int = MISSING
+
+
+@dataclass
 class TrainerConfig:
     """The loop: how many steps, and what it evaluates, logs and keeps along the way."""
 
@@ -279,6 +298,7 @@ class TrainConfig:
     launch: LaunchConfig = MISSING
     logger: LoggerConfig = MISSING
     eval: EvalConfig = MISSING
+    sft: SftConfig = MISSING
     # Tools the model may call (rlvr.tools): name -> {_target_, description, parameters, kwargs}; untyped
     # here like reward terms (so that `+tools.NAME...` works), checked by rlvr.tools.load_tools.
     tools: dict[str, Any] = field(default_factory=dict)
@@ -354,6 +374,7 @@ def register() -> None:
         ("launch", LaunchConfig),
         ("logger", LoggerConfig),
         ("eval", EvalConfig),
+        ("sft", SftConfig),
     ]:
         cs.store(group=group, name=f"{group}_schema", node=node)
     cs.store(group="data", name="multiplication_schema", node=MultiplicationDataConfig)
@@ -447,3 +468,9 @@ def check(cfg: TrainConfig, training: bool = True) -> None:
     need(cfg.reward.workers >= 0, "reward.workers", "must be >= 0 (0: score in this process)")
     need(cfg.eval.n_samples >= 0, "eval.n_samples", "must be >= 0 (0: greedy only)")
     need(all(k >= 1 for k in cfg.eval.ks), "eval.ks", "pass@k needs every k >= 1")
+    s = cfg.sft
+    need(s.steps >= 0, "sft.steps", f"must be >= 0 (0: no cold start), got {s.steps}")
+    need(s.batch_size >= 1, "sft.batch_size", f"must be >= 1 (demonstrations per step), got {s.batch_size}")
+    need(s.lr > 0, "sft.lr", "must be > 0")
+    need(s.warmup_steps >= 0 and s.eval_every >= 0 and s.save_every >= 0, "sft.warmup_steps",
+         "warmup_steps, eval_every and save_every must be >= 0")

@@ -3,8 +3,8 @@ one PNG: by default the run's own curves.png for one run, a new curves-<date>-<t
 current directory for several.
 
 Panels: reward, training accuracy, held-out eval accuracy, completion length, KL, clip fraction,
-engine/learner mismatch, entropy of the sampled tokens, curriculum level, and the step-time
-breakdown (of the first run).
+engine/learner mismatch, entropy of the sampled tokens, curriculum level, the loss, and the step-time
+breakdown (of the first run). A cold start's run dir (rlvr sft) draws its loss, eval accuracy and times.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ PANELS = [
     ("mismatch/logprob_abs_mean", "|learner - sampler| logprob"),
     ("entropy/sampled", "entropy of the sampled tokens (nats)"),
     ("curriculum/level", "curriculum level"),
+    ("loss", "loss (RL: the surrogate; cold start: NLL per token)"),
 ]
 # The phases of a step (rlvr.metrics.StepTimes), stacked: together they are time/step_s.
 TIMES = [f"time/{phase}_s" for phase in ("prompts", "rollout", "reward", "learn", "sync", "canary", "other")]
@@ -70,7 +71,7 @@ def plot(run_dirs: list[Path], out: Path) -> Path:
     import matplotlib.pyplot as plt
 
     runs = list(zip(run_labels(run_dirs), [read_metrics(d) for d in run_dirs], strict=True))
-    fig, axes = plt.subplots(2, 5, figsize=(22, 8), constrained_layout=True)
+    fig, axes = plt.subplots(2, 6, figsize=(26, 8), constrained_layout=True)
     for ax, (key, title) in zip(axes.flat, PANELS, strict=False):
         drawn = False
         for label, records in runs:
@@ -95,8 +96,10 @@ def plot(run_dirs: list[Path], out: Path) -> Path:
     ax.set_title("seconds per step" + (f"\n({textwrap.shorten(label, 45)})" if len(runs) > 1 else ""), fontsize=10)
     ax.set_xlabel("step")
     ax.legend(fontsize=8)
-    handles, names = axes.flat[0].get_legend_handles_labels()
-    fig.legend(handles, names, loc="outside lower center", ncol=min(len(names), 4), fontsize=9)
+    handles, names = next((h for h in (a.get_legend_handles_labels() for a in axes.flat[:len(PANELS)]) if h[0]),
+                          ([], []))
+    if handles:
+        fig.legend(handles, names, loc="outside lower center", ncol=min(len(names), 4), fontsize=9)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=80)
     plt.close(fig)

@@ -46,6 +46,7 @@ GROUP_LINES = {
     "learner": "How the policy computes its update.",
     "launch": "Where the run runs: device, threads, processes, machines.",
     "eval": "`rlvr eval`'s sampled evaluation.",
+    "sft": "The supervised cold start: `rlvr sft`, and `rlvr train` before RL when sft.steps > 0.",
     "logger": "Weights & Biases.",
 }
 

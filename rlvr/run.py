@@ -4,6 +4,7 @@ the task's data, the prompts against the context, the run dir) fails before a mo
 can be known then; the learner comes next, the rollout engine last (it takes the most memory).
 
     build(cfg, run_dir)                   -> Run with a learner, logger, canary: `rlvr train`
+    build(cfg, run_dir, wrap_task=...)    -> the same, drawing demonstrations: `rlvr sft` (rlvr.sft)
     build(cfg, run_dir, training=False)   -> Run with an engine only: `rlvr eval`
 """
 
@@ -65,10 +66,12 @@ class Run:
         self.logger.close()
 
 
-def build(cfg: TrainConfig, run_dir: Path, training: bool = True) -> Run:
+def build(cfg: TrainConfig, run_dir: Path, training: bool = True, wrap_task=None) -> Run:
     """Check `cfg` and build the run's parts. `training`: also the learner, the run dir, the logger
     and the weight-sync canary, and a resumed run's state; else (`rlvr eval`) only what generates
-    and scores. Across processes every rank builds its own (rank 0 alone writes into `run_dir`)."""
+    and scores. `wrap_task(task, tokenizer, tools)`: what the run draws its data from in place of the
+    task (the cold start's demonstrations, rlvr.sft). Across processes every rank builds its own (rank 0
+    alone writes into `run_dir`)."""
     check(cfg, training=training)
     device = pick_device(cfg.launch.device)
     check_backend(cfg.rollout.backend, device)
@@ -77,6 +80,10 @@ def build(cfg: TrainConfig, run_dir: Path, training: bool = True) -> Run:
         tools = build_tools(cfg.tools, cfg.rollout)
         model_path = models.resolve(cfg.model, Path(cfg.cache_dir))
         task = build_task(cfg, model_path)
+        if wrap_task is not None:
+            from transformers import AutoTokenizer
+
+            task = wrap_task(task, AutoTokenizer.from_pretrained(model_path), tools)
         precision = resolve_precision(cfg.learner.precision, cfg.rollout.dtype, cfg.rollout.canary_tol, device)
         log.info("device %s (launch.device=%s), %s engine; precision: learner %s, engine %s, canary tolerance %g "
                  "(%s)", device, cfg.launch.device, cfg.rollout.backend, precision.learner, precision.engine_dtype,

@@ -194,14 +194,38 @@ def rl_step(run: Run, step: int) -> tuple[StepMetrics, Collected]:
 
 
 def train(cfg: TrainConfig, run_dir: Path) -> dict[str, float]:
-    """Run `cfg.trainer.max_steps` RL steps; return the last step's metrics (and the final eval).
+    """Run `cfg.trainer.max_steps` RL steps; return the last step's metrics (and the final eval). With
+    `sft.steps` > 0 the cold start runs first, into `run_dir/sft`, and RL starts from its model (rlvr.sft).
 
     Across processes every rank runs this whole function (rlvr.distributed: rollouts split and shared,
     the learner sharded); rank 0 alone writes into `run_dir`."""
+    if cfg.sft.steps > 0:
+        from rlvr.sft import cold_start
+
+        cfg = cold_start(cfg, run_dir / "sft")
     t_start = time.perf_counter()
     run = build(cfg, run_dir)
-    t, learner, logger = cfg.trainer, run.learner, run.logger
     monitor = DegenerationMonitor([term for term in run.rewards.weights if term != cfg.reward.correct_term])
+
+    def step(k: int, watch: Watch) -> dict[str, float]:
+        metrics, collected = rl_step(run, k)
+        record = metrics.flat()
+        record.update(monitor.update(k, record))
+        run.logger.log(k, record)
+        watch.after(k, metrics, collected)
+        return record
+
+    return run_steps(run, run_dir, step, t_start)
+
+
+def run_steps(run: Run, run_dir: Path, step: Callable[[int, Watch], dict[str, float]], t_start: float,
+              what: str = "RL") -> dict[str, float]:
+    """The loop around a stage's `step` (RL's, or the cold start's, rlvr.sft), which runs step k, logs
+    its record, has the `Watch` check it, and returns the record: first the proof that the engine serves the learner's weights and the first
+    evaluation (or a resumed run's state); then the steps from `run.start + 1` to `trainer.max_steps`,
+    with evaluations and checkpoints as `trainer.*` says and a clean stop on SIGINT/SIGTERM; then the
+    final evaluation, summary.json, curves.png and the model. Closes the run."""
+    t, learner, logger = run.cfg.trainer, run.learner, run.logger
     watch = Watch(run, run_dir)
     stop = GracefulStop()
     try:
@@ -220,21 +244,17 @@ def train(cfg: TrainConfig, run_dir: Path) -> dict[str, float]:
                         f"Continue with the same command plus trainer.resume={run.resume} hydra.run.dir={run_dir}"
                         if run.resume else "")
             raise SystemExit(128 + stop.signal)
-        for step in range(run.start + 1, t.max_steps + 1):
-            metrics, collected = rl_step(run, step)
-            record = metrics.flat()
-            record.update(monitor.update(step, record))
-            logger.log(step, record)
-            watch.after(step, metrics, collected)
-            if t.eval_every and step % t.eval_every == 0 and step < t.max_steps:
-                logger.log(step, evaluate(run))
+        for k in range(run.start + 1, t.max_steps + 1):
+            record = step(k, watch)
+            if t.eval_every and k % t.eval_every == 0 and k < t.max_steps:
+                logger.log(k, evaluate(run))
             saved = None
-            if t.save_every and (step % t.save_every == 0 or step == t.max_steps):
-                saved = watch.save(step)
+            if t.save_every and (k % t.save_every == 0 or k == t.max_steps):
+                saved = watch.save(k)
             if _stop_asked(stop):
-                saved = saved or watch.save(step)
+                saved = saved or watch.save(k)
                 log.warning("stopped after step %d by %s. Continue with the same command plus "
-                            "trainer.resume=%s hydra.run.dir=%s", step, signal.Signals(stop.signal).name,
+                            "trainer.resume=%s hydra.run.dir=%s", k, signal.Signals(stop.signal).name,
                             saved if saved else "auto", run_dir)
                 raise SystemExit(128 + stop.signal)
 
@@ -242,7 +262,7 @@ def train(cfg: TrainConfig, run_dir: Path) -> dict[str, float]:
         logger.log(t.max_steps, final_eval)
         logger.write_summary({"steps": t.max_steps, "wall_s": time.perf_counter() - t_start,
                               "first_eval": first_eval, "final_eval": final_eval, "last_step": record})
-        log.info("eval accuracy %.3f -> %.3f over %d steps", first_eval["eval/accuracy"],
+        log.info("%s: eval accuracy %.3f -> %.3f over %d steps", what, first_eval["eval/accuracy"],
                  final_eval["eval/accuracy"], t.max_steps)
         if distributed.rank() == 0:
             plot([run_dir], run_dir / "curves.png")
@@ -298,8 +318,12 @@ class Watch:
         if t.samples_every and step % t.samples_every == 0:
             self.run.logger.samples(step, [sample_record(r, self.run.rewards, step=step)
                                            for r in c.rollouts[: t.log_samples * G]])
-        # A NaN/inf loss or gradient skips the update; too many in a row end the run.
-        self.bad_steps = self.bad_steps + 1 if m.learn["learn/skipped_updates"] else 0
+        self.skipped(step, m.learn["learn/skipped_updates"])
+
+    def skipped(self, step: int, skipped: float) -> None:
+        """A NaN/inf loss or gradient skips the update; too many in a row end the run."""
+        t = self.run.cfg.trainer
+        self.bad_steps = self.bad_steps + 1 if skipped else 0
         if self.bad_steps >= t.max_bad_steps:
             done = checkpoint.complete_checkpoints(self.run_dir)
             raise TrainingError(

@@ -22,6 +22,16 @@ class Prompt:
 
 
 @dataclass
+class Demonstration:
+    """A worked answer to a prompt, for the cold start: the turns after the prompt, as the model should
+    write them (assistant messages, with tool calls written in the rollouts' protocol) and the tool
+    results between them."""
+
+    prompt: Prompt
+    turns: list[dict[str, str]]  # [{"role": "assistant" | "tool", "content": str}, ...], ending with the assistant
+
+
+@dataclass
 class Rollout:
     """One sampled completion of one prompt, with what the sampler saw."""
 

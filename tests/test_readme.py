@@ -29,7 +29,7 @@ FLAGS = {"--help", "--cfg", "-m", "--multirun"}
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 
 
-def readme_commands(pattern: str = r"rlvr (train|eval)\b") -> list[str]:
+def readme_commands(pattern: str = r"rlvr (train|sft|eval)\b") -> list[str]:
     """The command lines of the code blocks (fenced, or indented by four spaces) of README.md and the
     docs that start with `pattern` (`rlvr train|eval`), with backslash continuations joined."""
     commands = []

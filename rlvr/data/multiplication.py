@@ -6,10 +6,14 @@ problems is held out for evaluation and never drawn for training, at every level
 
 from __future__ import annotations
 
+import json
 import random
 
 from rlvr.data import chat, is_held_out, rng_state, set_rng_state
-from rlvr.types import Prompt
+from rlvr.tools import CALL_CLOSE, CALL_OPEN
+from rlvr.types import Demonstration, Prompt
+
+DEMONSTRATIONS = ("written", "calculator")
 
 
 class MultiplicationTask:
@@ -21,7 +25,7 @@ class MultiplicationTask:
 
     def __init__(self, levels: list[list[int]], template: str, system_prompt: str | None = None,
                  advance_at: float | None = None, window: int = 4, eval_fraction: float = 0.1,
-                 eval_size: int = 64, batch_size: int = 8, seed: int = 0):
+                 eval_size: int = 64, batch_size: int = 8, seed: int = 0, demonstration: str = "written"):
         if not levels or any(len(lv) != 2 or min(lv) < 1 for lv in levels):
             raise ValueError(f"data.levels must be a non-empty list of [digits_a, digits_b] pairs >= 1, got {levels}")
         if not 0 < eval_fraction < 1:
@@ -29,6 +33,9 @@ class MultiplicationTask:
         for key in ("{a}", "{b}"):
             if key not in template:
                 raise ValueError(f"data.template must contain {key}: {template!r}")
+        if demonstration not in DEMONSTRATIONS:
+            raise ValueError(f"data.demonstration must be one of {DEMONSTRATIONS}, got {demonstration!r}")
+        self.demonstration = demonstration
         self.levels = [tuple(lv) for lv in levels]
         self.template, self.system_prompt = template, system_prompt
         self.advance_at, self.window = advance_at, window
@@ -49,11 +56,27 @@ class MultiplicationTask:
     def _prompt(self, a: int, b: int, level: int) -> Prompt:
         da, db = self.levels[level]
         return Prompt(messages=chat(self.template.format(a=a, b=b), self.system_prompt), answer=str(a * b),
-                      meta={"level": f"{da}x{db}"})
+                      meta={"level": f"{da}x{db}", "operands": [a, b]})
 
     def sample(self, n: int) -> list[Prompt]:
         """`n` training prompts at the current curriculum level."""
         return [self._prompt(*self._operands(self.rng, self.level, False), self.level) for _ in range(n)]
+
+    def demonstrations(self, n: int) -> list[Demonstration]:
+        """`n` worked answers to training problems at the current level (never a held-out one: they are
+        drawn as `sample` draws), written out or with the calculator (`data.demonstration`)."""
+        out = []
+        for prompt in self.sample(n):
+            a, b = (int(x) for x in prompt.meta["operands"])
+            if self.demonstration == "calculator":
+                call = json.dumps({"name": "calculator", "arguments": {"expression": f"{a} * {b}"}})
+                turns = [{"role": "assistant", "content": f"{CALL_OPEN}{call}{CALL_CLOSE}"},
+                         {"role": "tool", "content": str(a * b)},
+                         {"role": "assistant", "content": f"<answer>{a * b}</answer>"}]
+            else:
+                turns = [{"role": "assistant", "content": written_out(a, b)}]
+            out.append(Demonstration(prompt, turns))
+        return out
 
     def eval_prompts(self) -> list[Prompt]:
         """The held-out set: up to `eval_size` distinct problems, spread evenly over the levels."""
@@ -88,3 +111,22 @@ class MultiplicationTask:
     def load_state_dict(self, state: dict) -> None:
         set_rng_state(self.rng, state["rng"])
         self.level, self.history = state["level"], list(state["history"])
+
+
+def written_out(a: int, b: int) -> str:
+    """Long multiplication written out: a times each non-zero digit of b in its place, units first, then
+    the running sum of those partial products, then the answer in tags.
+
+    >>> print(written_out(4721, 38))
+    4721 * 8 = 37768
+    4721 * 30 = 141630
+    37768 + 141630 = 179398
+    <answer>179398</answer>
+    """
+    parts = [(int(d) * 10**i) for i, d in enumerate(reversed(str(b))) if d != "0"] or [0]
+    lines = [f"{a} * {p} = {a * p}" for p in parts]
+    total = a * parts[0]
+    for p in parts[1:]:
+        lines.append(f"{total} + {a * p} = {total + a * p}")
+        total += a * p
+    return "\n".join([*lines, f"<answer>{a * b}</answer>"])

@@ -12,7 +12,7 @@ import torch
 
 from rlvr import distributed
 from rlvr.algorithms.losses import Normaliser, tis_weight
-from rlvr.algorithms.objective import PolicyLossConfig, policy_loss
+from rlvr.algorithms.objective import PolicyLossConfig, policy_loss, sft_loss
 from rlvr.config import AlgorithmConfig, LearnerConfig, LoraConfig, OptimConfig
 from rlvr.learner.policy import Policy
 from rlvr.learner.scoring import Scorer
@@ -190,6 +190,40 @@ class Learner:
             self.optimizer.zero_grad(set_to_none=True)
         out["skipped"] = float(not stepped)
         return out
+
+    def imitate(self, batch: Batch) -> dict[str, float]:
+        """One optimizer step of the cold start on `batch` (demonstrations; `loss_mask` marks the
+        assistant's tokens): `sft_loss`, the token mean over the whole batch, accumulated over
+        micro-batches."""
+        tokens, sequences = distributed.global_sum([float(batch.loss_mask.sum()), float(len(batch))])
+        norm = Normaliser(tokens=int(tokens), sequences=int(sequences), max_tokens=self.max_tokens)
+        scorer, model = self.scorer, self.policy.model
+        scorer.tokens = 0
+        self.optimizer.zero_grad(set_to_none=True)
+        loss = 0.0
+        for sel in scorer.micro_batches(torch.arange(len(batch))):
+            if sel is None:  # nothing left here: a forward and backward at zero weight, to match theirs
+                logp, _, _ = scorer.forward(model, scorer.idle)
+                (logp.sum() * 0.0).backward()
+                continue
+            logp, mask, _ = scorer.forward(model, batch.select(sel))
+            part, _ = sft_loss(logp, mask, norm)
+            (part * distributed.world_size()).backward()  # FSDP2 averages the ranks' gradients: undo it
+            loss += float(part.detach())
+        trained = [p for group in self.optimizer.param_groups for p in group["params"]]
+        grad_norm = float(distributed.full(torch.nn.utils.clip_grad_norm_(trained, self.optim_cfg.max_grad_norm)))
+        loss = distributed.global_sum([loss])[0]
+        lr = self.scheduler.get_last_lr()[0]
+        stepped = math.isfinite(grad_norm) and math.isfinite(loss)
+        if stepped:
+            self.optimizer.step()
+        else:
+            log.warning("non-finite loss (%s) or gradient norm (%s): update skipped", loss, grad_norm)
+            self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+        return {"loss": loss, "grad_norm": grad_norm, "lr": lr, "learn/sequences": sequences,
+                "learn/target_tokens": tokens, "learn/skipped_updates": float(not stepped),
+                "learn/tokens": distributed.global_sum([float(scorer.tokens)])[0]}
 
     def save_optimizer(self, path: Path) -> None:
         """AdamW's state into the folder `path` with torch.distributed.checkpoint: by parameter name, each

@@ -24,6 +24,15 @@ from rlvr.types import Prompt, Rollout
 _SENTINEL = "\u2063rlvr-assistant-turn\u2063"  # marks where the model's turn sits in a rendered template
 
 
+def between_turns(tokenizer, tools: ToolBox | None, messages: list[dict[str, str]]) -> list[int]:
+    """Token ids that close an assistant turn, give `messages` (a tool's result, say), and open the
+    assistant's next turn, as the chat template writes them: what rlvr appends between the model's
+    turns (the rollouts here, and the cold start's demonstrations, rlvr.sft)."""
+    text = render_with_tools(tokenizer, [{"role": "user", "content": "?"}, {"role": "assistant", "content": _SENTINEL},
+                                         *messages], tools, tokenize=False)
+    return tokenizer(text[text.index(_SENTINEL) + len(_SENTINEL):], add_special_tokens=False).input_ids
+
+
 class ToolRollouts:
     """`generate` with the signature of `Engine.generate`, running tool calls between turns."""
 
@@ -36,10 +45,7 @@ class ToolRollouts:
     def tool_turn_ids(self, result: str) -> list[int]:
         """Token ids that close the model's turn after a call, give the tool's result, and open the
         model's next turn, as the chat template writes them."""
-        messages = [{"role": "user", "content": "?"}, {"role": "assistant", "content": _SENTINEL},
-                    {"role": "tool", "content": result}]
-        text = render_with_tools(self.tokenizer, messages, self.toolbox, tokenize=False)
-        return self.tokenizer(text[text.index(_SENTINEL) + len(_SENTINEL):], add_special_tokens=False).input_ids
+        return between_turns(self.tokenizer, self.toolbox, [{"role": "tool", "content": result}])
 
     def _budget(self, r: Rollout) -> int:
         """New tokens the next turn of `r` may take (within `max_tokens`, the rollout's total and the context)."""

@@ -1,0 +1,279 @@
+"""The supervised cold start: the policy imitates worked demonstrations, with the machinery of RL.
+
+    rlvr sft +experiment=multiplication_4x2_sft            # the cold start alone: <run dir>/model
+    rlvr train +experiment=multiplication_4x2_sft          # the recipe: cold start into <run dir>/sft, then RL
+
+A cold start is a run like an RL run (`rlvr.run.build`: the same model, learner, engine, canary,
+checkpoints, exact resume, logging and evaluation) whose step is another objective on another data
+source: demonstrations instead of rollouts, `sft_loss` instead of the clipped surrogate. The config
+is the RL config with `sft.*` in place of the keys it overrides (`stage_config`).
+
+Demonstrations come from the task (`task.demonstrations(n)`, drawn from its training split, so never a
+held-out problem) or from a dataset of chat rows or prompt/completion rows; a dataset row whose prompt
+is one of the task's held-out prompts is dropped. Each becomes token ids exactly as a rollout of the
+same answer would be: the prompt rendered as the rollouts render it (`rlvr.prompts.render`), each
+assistant turn's text tokenised on its own (the model's tokens: in the loss), what the template writes
+between turns and the tool results (`between_turns`: out of the loss), then the token that ends the
+assistant's turn (in the loss: the model learns to stop).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import random
+import time
+from pathlib import Path
+
+from rlvr import distributed
+from rlvr.config import TrainConfig
+from rlvr.data import Task
+from rlvr.data.files import DataError, read_rows
+from rlvr.errors import RlvrError
+from rlvr.prompts import render
+from rlvr.rollout.multiturn import between_turns
+from rlvr.tools import CALL_CLOSE, CALL_OPEN, ToolBox
+from rlvr.types import Demonstration, Prompt, Rollout
+
+log = logging.getLogger("rlvr")
+
+ROLES = ("system", "user", "assistant", "tool")
+
+
+class SftDataError(RlvrError, ValueError):
+    """Demonstrations that cannot be used; the message names the key, the file and the row."""
+
+
+def stage_config(cfg: TrainConfig) -> TrainConfig:
+    """The config of the cold start as a run: `sft.*` in place of the RL keys it stands for (steps, the
+    learning rate and its warmup, evaluation and checkpoints, packing), logprobs at temperature 1 and
+    no KL reference; everything else (model, precision, LoRA, engine, launch, logging) as configured."""
+    s = cfg.sft
+    a = cfg.algorithm
+    return dataclasses.replace(
+        cfg,
+        optim=dataclasses.replace(cfg.optim, lr=s.lr, warmup_steps=s.warmup_steps),
+        trainer=dataclasses.replace(cfg.trainer, max_steps=s.steps, eval_every=s.eval_every, save_every=s.save_every,
+                                    save_model=True),
+        learner=dataclasses.replace(cfg.learner, shared_prefix=s.packing),
+        rollout=dataclasses.replace(cfg.rollout, temperature=1.0),
+        algorithm=dataclasses.replace(a, kl=dataclasses.replace(a.kl, coef=0.0, reward_coef=0.0)),
+    )
+
+
+def from_row(row: dict, row_no: int, where: str, s) -> Demonstration:
+    """The demonstration of a dataset row: its conversation (`sft.messages_key`), or a user message and
+    the assistant's answer (`sft.prompt_key`, `sft.completion_key`). Raises SftDataError naming the row."""
+    at = f"{where}, row {row_no}"
+    if s.messages_key in row:
+        messages = row[s.messages_key]
+        if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+            raise SftDataError(f"{at}: sft.messages_key={s.messages_key!r} must be a list of {{role, content}} messages")
+    elif s.prompt_key in row and s.completion_key in row:
+        messages = [{"role": "user", "content": row[s.prompt_key]},
+                    {"role": "assistant", "content": row[s.completion_key]}]
+    else:
+        raise SftDataError(f"{at}: no column {s.messages_key!r} (sft.messages_key) and not both {s.prompt_key!r} and "
+                           f"{s.completion_key!r} (sft.prompt_key, sft.completion_key); it has {sorted(row)}")
+    turns: list[dict[str, str]] = []
+    for k, m in enumerate(messages):
+        role, content = m.get("role"), m.get("content") or ""
+        if role not in ROLES or not isinstance(content, str):
+            raise SftDataError(f"{at}, message {k}: role must be one of {ROLES} and content text, got role {role!r}")
+        for call in m.get("tool_calls") or []:  # OpenAI-style calls, written in the rollouts' protocol
+            fn = call.get("function", call)
+            args = fn.get("arguments", {})
+            args = json.loads(args) if isinstance(args, str) else args
+            content += f"{CALL_OPEN}{json.dumps({'name': fn.get('name'), 'arguments': args})}{CALL_CLOSE}"
+        turns.append({"role": role, "content": content})
+    first = next((k for k, m in enumerate(turns) if m["role"] == "assistant"), None)
+    if first is None:
+        raise SftDataError(f"{at}: no assistant message: nothing to learn from this row")
+    if not any(m["role"] == "user" for m in turns[:first]):
+        raise SftDataError(f"{at}: no user message before the first assistant message")
+    if turns[-1]["role"] != "assistant":
+        raise SftDataError(f"{at}: the conversation ends with a {turns[-1]['role']} message; it must end with the "
+                           "assistant's")
+    if not turns[-1]["content"].strip():
+        raise SftDataError(f"{at}: the last assistant message is empty")
+    return Demonstration(Prompt(turns[:first], ""), turns[first:])
+
+
+class Demonstrations:
+    """A cold start's data, shaped as a `Task` (the run's evaluation, checkpoints and resume use it as
+    one): `next(n)` gives the next `n` demonstrations as token ids, from the task or from a dataset (in a
+    seeded shuffled order, epoch after epoch). Everything is checked here, before the model loads."""
+
+    def __init__(self, task: Task, cfg: TrainConfig, tokenizer, tools: ToolBox | None):
+        s = cfg.sft
+        self.task, self.tokenizer, self.tools = task, tokenizer, tools
+        self.seed, self.max_len = cfg.seed, cfg.rollout.max_model_len
+        self.position = 0  # demonstrations of a dataset taken so far
+        self._check_template()
+        if s.data == "task":
+            if not hasattr(task, "demonstrations"):
+                raise SftDataError(f"sft.data=task: the task {type(task).__name__} (data._target_) has no "
+                                   "demonstrations; give sft.data the path of a dataset of demonstrations")
+            self.rows = None
+            state = task.state_dict()
+            self._encode(task.demonstrations(s.batch_size), "the task's demonstrations")  # a sample, checked
+            task.load_state_dict(state)
+            return
+        try:
+            rows = read_rows(s.data, s.format)
+        except DataError as e:
+            raise SftDataError(f"sft.data: {e}") from e
+        if not rows:
+            raise SftDataError(f"sft.data={s.data!r}: the file has no rows")
+        demos = [from_row(row, k, f"sft.data={s.data!r}", s) for k, row in enumerate(rows)]
+        held_out = {json.dumps(p.messages[-1]["content"]) for p in task.eval_prompts()}
+        self.rows = [d for d in demos if json.dumps(d.prompt.messages[-1]["content"]) not in held_out]
+        if len(self.rows) < len(demos):
+            log.warning("sft.data: %d of %d rows ask one of the task's held-out prompts: dropped, so that the "
+                        "evaluation never sees a problem the cold start was shown", len(demos) - len(self.rows),
+                        len(demos))
+        if not self.rows:
+            raise SftDataError(f"sft.data={s.data!r}: every row asks a held-out prompt of the task")
+        self.encoded = self._encode(self.rows, f"sft.data={s.data!r}")
+        log.info("cold start: %d demonstrations from %s, %d tokens in all", len(self.rows), s.data,
+                 sum(len(r.prompt_ids) + len(r.completion_ids) for r in self.encoded))
+
+    def _check_template(self) -> None:
+        """A chat template that cannot render a tool's result (when tools are configured) is refused."""
+        if self.tools is None:
+            return
+        try:
+            ids = between_turns(self.tokenizer, self.tools, [{"role": "tool", "content": "8127"}])
+        except Exception as e:
+            raise SftDataError(f"the model's chat template cannot render a tool message ({type(e).__name__}: {e}); "
+                               "the cold start and the rollouts write tool results with it") from e
+        if "8127" not in self.tokenizer.decode(ids):
+            raise SftDataError("the model's chat template drops tool messages (a tool's result would not reach the "
+                               "model); use a model whose template renders role 'tool'")
+
+    def _encode(self, demos: list[Demonstration], where: str) -> list[Rollout]:
+        """Token ids of `demonstrations`, as the rollouts would hold the same answers (module docstring)."""
+        end = between_turns(self.tokenizer, self.tools, [])[:1]  # the token that ends the assistant's turn
+        out = []
+        for k, d in enumerate(demos):
+            prompt_ids = render(self.tokenizer, d.prompt, self.tools)
+            ids: list[int] = []
+            mask: list[int] = []
+            pending: list[dict[str, str]] = []  # messages between two assistant turns
+            for turn in d.turns:
+                if turn["role"] != "assistant":
+                    pending.append(turn)
+                    continue
+                if pending:
+                    try:
+                        between = between_turns(self.tokenizer, self.tools, pending)
+                    except Exception as e:
+                        raise SftDataError(f"{where}, row {k}: the chat template cannot render its "
+                                           f"{pending[0]['role']} message ({e})") from e
+                    ids += between
+                    mask += [0] * len(between)
+                    pending = []
+                own = self.tokenizer(turn["content"], add_special_tokens=False).input_ids
+                ids += own
+                mask += [1] * len(own)
+            ids += end
+            mask += [1] * len(end)
+            if len(prompt_ids) + len(ids) > self.max_len:
+                raise SftDataError(f"{where}, row {k}: {len(prompt_ids) + len(ids)} tokens under the chat template, "
+                                   f"longer than the context rollout.max_model_len={self.max_len}; raise it or "
+                                   "shorten the row")
+            out.append(Rollout(d.prompt, k, prompt_ids, ids, [0.0] * len(ids), turn["content"], "stop",
+                               completion_mask=mask, conversation=d.turns))
+        return out
+
+    def next(self, n: int) -> list[Rollout]:
+        """The next `n` demonstrations as token ids (every process draws the same)."""
+        if self.rows is None:
+            return self._encode(self.task.demonstrations(n), "the task's demonstrations")
+        out = []
+        for _ in range(n):
+            epoch, k = divmod(self.position, len(self.encoded))
+            order = list(range(len(self.encoded)))
+            random.Random(f"{self.seed}-{epoch}").shuffle(order)
+            out.append(self.encoded[order[k]])
+            self.position += 1
+        return out
+
+    # The Task protocol, for the run's evaluation and checkpoints: the held-out prompts are the task's.
+    def sample(self, n: int) -> list[Prompt]:
+        return self.task.sample(n)
+
+    def eval_prompts(self) -> list[Prompt]:
+        return self.task.eval_prompts()
+
+    def update(self, accuracy: float) -> None:
+        pass
+
+    def metrics(self) -> dict[str, float]:
+        return {}
+
+    def state_dict(self) -> dict:
+        return {"task": self.task.state_dict(), "position": self.position}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.task.load_state_dict(state["task"])
+        self.position = state["position"]
+
+
+def sft_step(run, step: int, watch) -> dict[str, float]:
+    """One step of the cold start: the next `sft.batch_size` demonstrations -> the update -> the new
+    weights into the engine (checked, as RL's are) -> its record, logged and checked by `watch`."""
+    from rlvr.learner import make_batch
+
+    learner, t0 = run.learner, time.perf_counter()
+    demos = run.task.next(run.cfg.sft.batch_size)
+    first, last = distributed.share(len(demos))  # across processes each rank learns on its share
+    # Sorted by length: each micro-batch's rows are alike, so padded rows waste little (sft.packing=false).
+    mine = sorted(demos[first:last], key=lambda r: len(r.prompt_ids) + len(r.completion_ids))
+    batch = make_batch(mine, learner.policy.pad_id)
+    t_learn = time.perf_counter()
+    learn = learner.imitate(batch)
+    t_learn = time.perf_counter() - t_learn
+    t_sync = time.perf_counter()
+    run.engine.load_weights(run.canary.watch(learner.policy.named_weights(run.precision.engine_torch_dtype)))
+    t_sync = time.perf_counter() - t_sync
+    t_canary = time.perf_counter()
+    diff = run.canary.check(run.engine, learner.scorer.sequence_logprobs)
+    t_canary = time.perf_counter() - t_canary
+    step_s = time.perf_counter() - t0
+    record = {**learn, "sync/logprob_max_diff": diff, "time/learn_s": t_learn, "time/sync_s": t_sync,
+              "time/canary_s": t_canary, "time/step_s": step_s,
+              "sft/tokens_per_s": learn["learn/tokens"] / t_learn if t_learn else 0.0}
+    run.logger.log(step, record)
+    watch.skipped(step, learn["learn/skipped_updates"])
+    return record
+
+
+def run_sft(cfg: TrainConfig, run_dir: Path) -> dict[str, float]:
+    """`rlvr sft`: the cold start alone, into `run_dir` (its model in `run_dir/model`)."""
+    from rlvr.config import ConfigError
+    from rlvr.run import build
+    from rlvr.train import run_steps
+
+    if cfg.sft.steps < 1:
+        raise ConfigError("sft.steps: rlvr sft needs >= 1 (the optimizer steps of the cold start)")
+    t_start = time.perf_counter()
+    run = build(stage_config(cfg), run_dir,
+                wrap_task=lambda task, tokenizer, tools: Demonstrations(task, cfg, tokenizer, tools))
+    return run_steps(run, run_dir, lambda step, watch: sft_step(run, step, watch), t_start, "cold start")
+
+
+def cold_start(cfg: TrainConfig, run_dir: Path) -> TrainConfig:
+    """The recipe's first stage, into `run_dir` (<run dir>/sft): run the cold start, or with trainer.resume
+    set, continue it or find it done; return the RL config, which starts from its model."""
+    model = run_dir / "model"
+    done = (run_dir / "summary.json").is_file() and (model / "config.json").is_file()
+    stage = dataclasses.replace(cfg, trainer=dataclasses.replace(
+        cfg.trainer, resume=None if cfg.trainer.resume is None else "auto"))
+    if done and stage.trainer.resume == "auto" and not cfg.trainer.overwrite:
+        log.info("cold start: done already, in %s; RL starts from %s", run_dir, model)
+    else:
+        log.info("cold start: %d steps into %s, then RL from its model", cfg.sft.steps, run_dir)
+        run_sft(stage, run_dir)
+    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, path=str(model), build=None))

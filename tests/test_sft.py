@@ -1,0 +1,228 @@
+"""The cold start (`rlvr sft`, and `rlvr train` with sft.steps > 0): demonstrations as the rollouts'
+token ids, the loss on the assistant's tokens only, packing equal to padded rows, bad input refused
+before the model loads, held-out problems never shown, and the recipe resumed after a kill in either
+stage — with the real CLI, learner and engine on the tiny model."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from rlvr.data import is_held_out
+from rlvr.data.multiplication import MultiplicationTask, written_out
+from rlvr.rollout.multiturn import ToolRollouts, build_tools
+from rlvr.sft import Demonstrations, SftDataError
+
+from .conftest import RLVR, cli_here, compose_config, pinned, run_cli
+
+TINY = ["+experiment=multiplication", "model=tiny", "data.eval_size=4", "rollout.max_tokens=48"]
+
+
+def _demonstrations(tiny_path: Path, overrides: list[str], cache: Path) -> Demonstrations:
+    from transformers import AutoTokenizer
+
+    from rlvr.data import build_task
+
+    cfg = compose_config(["model=tiny", *overrides], cache)
+    tools = build_tools(cfg.tools, cfg.rollout)
+    return Demonstrations(build_task(cfg), cfg, AutoTokenizer.from_pretrained(tiny_path), tools)
+
+
+@pytest.mark.parametrize("demonstration", ["written", "calculator"])
+def test_demonstrations_are_the_token_ids_a_rollout_of_the_same_answer_holds(demonstration, tiny_path, cache_dir):
+    """Prompt + completion decode to the chat template's own rendering of the whole conversation, and
+    the loss mask covers exactly the assistant's own text and the token that ends its turn."""
+    tools = ["tools=calculator"] if demonstration == "calculator" else []
+    demos = _demonstrations(tiny_path, ["+experiment=multiplication_4x2", *tools,
+                                        f"data.demonstration={demonstration}"], cache_dir)
+    tok, box = demos.tokenizer, demos.tools
+    for r in demos.next(4):
+        a, b = r.prompt.meta["operands"]
+        if demonstration == "written":
+            answer = [{"role": "assistant", "content": written_out(a, b)}]
+        else:
+            call = f'<tool_call>{{"name": "calculator", "arguments": {{"expression": "{a} * {b}"}}}}</tool_call>'
+            answer = [{"role": "assistant", "content": call}, {"role": "tool", "content": str(a * b)},
+                      {"role": "assistant", "content": f"<answer>{a * b}</answer>"}]
+        conversation = [*r.prompt.messages, *answer]
+        if box is not None:  # presented as the rollouts present them (the tiny template has no tools=)
+            conversation[0] = {"role": "system", "content": conversation[0]["content"] + "\n\n" + box.instructions()}
+        whole = tok.apply_chat_template(conversation, tokenize=False)
+        assert tok.decode(r.prompt_ids + r.completion_ids) == whole.removesuffix("\n")
+        learned = tok.decode([t for t, m in zip(r.completion_ids, r.completion_mask, strict=True) if m])
+        answers = [m["content"] for m in conversation if m["role"] == "assistant"]
+        assert learned == "".join(answers) + tok.eos_token
+        if demonstration == "calculator":  # between the turns: exactly what the rollouts append after a call
+            turns = ToolRollouts(None, tok, box, 64, 3, None, 1024)
+            assert turns.tool_turn_ids(str(a * b)) == [t for t, m in zip(r.completion_ids, r.completion_mask,
+                                                                         strict=True) if not m]
+
+
+def test_task_demonstrations_never_show_a_held_out_problem():
+    task = MultiplicationTask(levels=[[2, 1], [4, 2]], template="{a} * {b}?", eval_fraction=0.1)
+    held = {tuple(p.meta["operands"]) for p in task.eval_prompts()}
+    for level in (0, 1):
+        task.level = level
+        shown = [tuple(d.prompt.meta["operands"]) for d in task.demonstrations(500)]
+        assert not held & set(shown)
+        assert not any(is_held_out(f"{a}*{b}", 0.1) for a, b in shown)
+
+
+def _write(path: Path, rows: list) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_dataset_rows_asking_a_held_out_prompt_are_dropped(tmp_path, tiny_path, cache_dir):
+    cfg = compose_config(["model=tiny", "+experiment=multiplication"], cache_dir)
+    from rlvr.data import build_task
+
+    held = build_task(cfg).eval_prompts()[0].messages[-1]["content"]
+    data = _write(tmp_path / "d.jsonl", [{"prompt": held, "completion": "<answer>1</answer>"},
+                                         {"prompt": "What is 2 * 3?", "completion": "<answer>6</answer>"}])
+    demos = _demonstrations(tiny_path, ["+experiment=multiplication", f"sft.data={data}"], cache_dir)
+    assert [d.prompt.messages[-1]["content"] for d in demos.rows] == ["What is 2 * 3?"]
+
+
+CHAT = {"messages": [{"role": "user", "content": "What is 2 * 3?"}, {"role": "assistant", "content": "6"}]}
+
+
+@pytest.mark.parametrize("rows, overrides, error", [
+    ([], [], "has no rows"),
+    ([{"messages": [{"role": "user", "content": "hi"}]}], [], "row 0: no assistant message"),
+    ([CHAT, {"text": "hi"}], [], r"row 1: no column 'messages' \(sft.messages_key\)"),
+    ([CHAT, {"messages": [*CHAT["messages"], {"role": "user", "content": "and?"}]}], [],
+     "row 1: the conversation ends with a user message"),
+    ([CHAT, {"messages": [CHAT["messages"][0], {"role": "assistant", "content": "6 " * 300}]}],
+     ["rollout.max_model_len=256"], r"row 1: \d+ tokens under the chat template, longer than the context "
+                                    r"rollout.max_model_len=256"),
+    ([{"messages": [{"role": "bot", "content": "6"}]}], [], "role must be one of"),
+])
+def test_bad_demonstrations_fail_before_the_model_loads_naming_the_row(rows, overrides, error, tmp_path, cache_dir):
+    data = _write(tmp_path / "demos.jsonl", rows)
+    result = cli_here(["sft", *TINY, "sft.steps=2", f"sft.data={data}", *overrides,
+                       f"hydra.run.dir={tmp_path / 'run'}"], cache_dir)
+    assert result.returncode == 1
+    assert re.search(error, result.stderr), result.stderr[-2000:]
+    assert "learner:" not in result.stderr  # before the model loads
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_template_that_cannot_render_tool_messages_is_refused(tmp_path, tiny_path):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_path)
+    tok.chat_template = ("{% for m in messages %}{% if m.role == 'tool' %}{{ raise_exception('no tool role') }}"
+                         "{% endif %}{{ m.content }}{% endfor %}")
+    cfg = compose_config(["model=tiny", "+experiment=multiplication_tool", "data.demonstration=calculator"])
+    from rlvr.data import build_task
+
+    with pytest.raises(SftDataError, match="cannot render a tool message.*no tool role"):
+        Demonstrations(build_task(cfg), cfg, tok, build_tools(cfg.tools, cfg.rollout))
+
+
+def test_a_task_without_demonstrations_is_named(tmp_path, cache_dir):
+    result = cli_here(["sft", "+experiment=function_picking", "model=tiny", "sft.steps=2",
+                       f"hydra.run.dir={tmp_path / 'run'}"], cache_dir)
+    assert result.returncode == 1 and "sft.data=task: the task FunctionPickingTask" in result.stderr, result.stderr[-2000:]
+
+
+def test_rlvr_sft_needs_steps(tmp_path, cache_dir):
+    result = cli_here(["sft", *TINY, f"hydra.run.dir={tmp_path / 'run'}"], cache_dir)
+    assert result.returncode == 1 and "sft.steps: rlvr sft needs >= 1" in result.stderr
+
+
+def _one_step(tiny_path, cache_dir, packing: bool) -> tuple[float, dict[str, torch.Tensor]]:
+    from rlvr.learner import Learner, make_batch
+    from rlvr.sft import stage_config
+
+    cfg = stage_config(compose_config([*TINY, "sft.lr=1e-3", "sft.warmup_steps=0", f"sft.packing={packing}",
+                                       "learner.micro_batch_size=3"], cache_dir))
+    torch.manual_seed(0)
+    learner = Learner(tiny_path, cfg.optim, cfg.algorithm, cfg.learner, 1.0, 48, "cpu")
+    demos = _demonstrations(tiny_path, TINY, cache_dir).next(8)
+    out = learner.imitate(make_batch(sorted(demos, key=lambda r: len(r.completion_ids)), learner.policy.pad_id))
+    return out["loss"], {k: v.detach().clone() for k, v in learner.policy.model.named_parameters()}
+
+
+def test_packed_rows_give_the_loss_and_update_of_padded_rows(tiny_path, cache_dir):
+    loss_packed, packed = _one_step(tiny_path, cache_dir, True)
+    loss_padded, padded = _one_step(tiny_path, cache_dir, False)
+    assert loss_packed == pytest.approx(loss_padded, rel=1e-5)
+    assert max((packed[k] - padded[k]).abs().max().item() for k in packed) < 1e-6
+
+
+# --- the real CLI -------------------------------------------------------------------------------
+
+SFT = [*TINY, "sft.steps=6", "sft.batch_size=8", "sft.lr=3e-3", "sft.warmup_steps=0", "sft.save_every=2",
+       "learner.precision=fp32"]
+RECIPE = [*SFT, "trainer.max_steps=4", "trainer.save_every=2", "data.batch_size=2", "algorithm.group_size=4",
+          "reward=digits", "optim.lr=1e-4"]
+
+
+def _steps(run_dir: Path) -> list[dict]:
+    return [r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if "time/step_s" in r]
+
+
+@pytest.mark.slow
+def test_rlvr_sft_learns_the_demonstrations_and_rlvr_train_starts_from_its_model(tmp_path, cache_dir):
+    run_dir = tmp_path / "sft"
+    result = run_cli(["sft", *SFT, f"hydra.run.dir={run_dir}"], cache=cache_dir)
+    assert result.returncode == 0, result.stderr[-3000:]
+    steps = _steps(run_dir)
+    assert [s["step"] for s in steps] == list(range(1, 7))
+    assert steps[-1]["loss"] < 0.5 * steps[0]["loss"]  # it learns the demonstrations
+    assert all(s["sync/logprob_max_diff"] < 1e-3 for s in steps)  # the engine serves each step's weights
+    evals = [r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if "eval/accuracy" in r]
+    assert [e["step"] for e in evals] == [0, 6]
+    assert (run_dir / "curves.png").is_file() and (run_dir / "model" / "config.json").is_file()
+    rl = run_cli(["train", *RECIPE, "sft.steps=0", "model=local", f"model.path={run_dir / 'model'}",
+                  f"hydra.run.dir={tmp_path / 'rl'}"], cache=cache_dir)
+    assert rl.returncode == 0, rl.stderr[-3000:]
+
+
+def _start(args: list[str], cache: Path) -> subprocess.Popen:
+    return subprocess.Popen([RLVR, "train", *pinned(args)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env={**os.environ, "RLVR_CACHE": str(cache)}, start_new_session=True)
+
+
+def _kill_at(proc: subprocess.Popen, metrics: Path, step: int, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if metrics.exists() and any(s["step"] >= step for s in _steps(metrics.parent)):
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            return
+        if proc.poll() is not None:
+            raise AssertionError(f"the run ended early ({proc.returncode}): {proc.stdout.read()[-3000:]}")
+        time.sleep(0.2)
+    proc.kill()
+    raise AssertionError(f"step {step} not reached in {timeout} s")
+
+
+@pytest.mark.slow
+def test_the_recipe_resumes_after_a_kill_in_either_stage(tmp_path, cache_dir):
+    """`rlvr train` with sft.steps > 0 runs the cold start into <run dir>/sft, then RL from its model;
+    killed in the cold start, then in RL, the same command with trainer.resume=auto finishes both, each
+    step run once, RL started from the cold start's model."""
+    run_dir = tmp_path / "run"
+    args = [*RECIPE, f"hydra.run.dir={run_dir}"]
+    _kill_at(_start(args, cache_dir), run_dir / "sft" / "metrics.jsonl", 3)  # checkpoint of step 2 written
+    assert not (run_dir / "sft" / "model").exists() and not (run_dir / "metrics.jsonl").exists()
+    _kill_at(_start([*args, "trainer.resume=auto"], cache_dir), run_dir / "metrics.jsonl", 3)
+    assert [s["step"] for s in _steps(run_dir / "sft")] == list(range(1, 7))
+    result = run_cli(["train", *args, "trainer.resume=auto"], cache=cache_dir)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "cold start: done already" in result.stderr
+    assert [s["step"] for s in _steps(run_dir)] == list(range(1, 5))
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["model_path"] == str(run_dir / "sft" / "model")
+    assert (run_dir / "model" / "config.json").is_file()
