@@ -253,8 +253,8 @@ def sft_step(run, step: int, watch) -> dict[str, float]:
 def run_sft(cfg: TrainConfig, run_dir: Path) -> dict[str, float]:
     """`rlvr sft`: the cold start alone, into `run_dir` (its model in `run_dir/model`)."""
     from rlvr.config import ConfigError
+    from rlvr.loop import run_steps
     from rlvr.run import build
-    from rlvr.train import run_steps
 
     if cfg.sft.steps < 1:
         raise ConfigError("sft.steps: rlvr sft needs >= 1 (the optimizer steps of the cold start)")

@@ -1,0 +1,147 @@
+"""The loop around a stage's step, shared by RL (rlvr.train) and the cold start (rlvr.sft): the first
+checks and evaluation, the steps with their evaluations and checkpoints, a clean stop on a signal, the
+final evaluation, summary, curves and model; and the `Watch` that checks each step's record."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from rlvr import checkpoint, distributed, models
+from rlvr.errors import RlvrError
+from rlvr.evaluate import greedy
+from rlvr.metrics import StepMetrics, sample_record
+from rlvr.plot import plot
+from rlvr.run import Run
+from rlvr.rundir import GracefulStop
+
+log = logging.getLogger("rlvr")
+
+
+class TrainingError(RlvrError, RuntimeError):
+    """The run cannot go on (e.g. updates keep failing); the message says what is left on disk."""
+
+
+def run_steps(run: Run, run_dir: Path, step: Callable[[int, Watch], dict[str, float]], t_start: float,
+              what: str = "RL") -> dict[str, float]:
+    """The loop around a stage's `step` (RL's, or the cold start's, rlvr.sft), which runs step k, logs
+    its record, has the `Watch` check it, and returns the record: first the proof that the engine serves the learner's weights and the first
+    evaluation (or a resumed run's state); then the steps from `run.start + 1` to `trainer.max_steps`,
+    with evaluations and checkpoints as `trainer.*` says and a clean stop on SIGINT/SIGTERM; then the
+    final evaluation, summary.json, curves.png and the model. Closes the run."""
+    t, learner, logger = run.cfg.trainer, run.learner, run.logger
+    watch = Watch(run, run_dir)
+    stop = GracefulStop()
+    try:
+        run.canary.expect(learner.policy.named_weights(run.precision.engine_torch_dtype))
+        run.canary.check(run.engine, learner.scorer.sequence_logprobs)
+        if run.start == 0:
+            first_eval = evaluate(run)
+            logger.log(0, first_eval)
+        else:
+            log.info("resumed from %s at step %d", run.resume, run.start)
+            first_eval = distributed.on_rank0(logger.first_record)
+        record: dict[str, float] = {}
+        if _stop_asked(stop):  # during the first evaluation: before any step starts
+            log.warning("stopped by %s before step %d started; nothing more was trained. %s",
+                        signal.Signals(stop.signal).name, run.start + 1,
+                        f"Continue with the same command plus trainer.resume={run.resume} hydra.run.dir={run_dir}"
+                        if run.resume else "")
+            raise SystemExit(128 + stop.signal)
+        for k in range(run.start + 1, t.max_steps + 1):
+            record = step(k, watch)
+            if t.eval_every and k % t.eval_every == 0 and k < t.max_steps:
+                logger.log(k, evaluate(run))
+            saved = None
+            if t.save_every and (k % t.save_every == 0 or k == t.max_steps):
+                saved = watch.save(k)
+            if _stop_asked(stop):
+                saved = saved or watch.save(k)
+                log.warning("stopped after step %d by %s. Continue with the same command plus "
+                            "trainer.resume=%s hydra.run.dir=%s", k, signal.Signals(stop.signal).name,
+                            saved if saved else "auto", run_dir)
+                raise SystemExit(128 + stop.signal)
+
+        final_eval = evaluate(run)
+        logger.log(t.max_steps, final_eval)
+        logger.write_summary({"steps": t.max_steps, "wall_s": time.perf_counter() - t_start,
+                              "first_eval": first_eval, "final_eval": final_eval, "last_step": record})
+        log.info("%s: eval accuracy %.3f -> %.3f over %d steps", what, first_eval["eval/accuracy"],
+                 final_eval["eval/accuracy"], t.max_steps)
+        if distributed.rank() == 0:
+            plot([run_dir], run_dir / "curves.png")
+        if t.save_model:
+            weights = learner.policy.export_weights()  # every rank takes part; rank 0 writes
+            distributed.on_rank0(lambda: models.build_atomically(run_dir / "model",
+                                                                 lambda path: learner.policy.save(path, weights), replace=True))
+            log.info("final model: %s", run_dir / "model")
+        return {**record, **final_eval}
+    finally:
+        stop.restore()
+        run.close()
+
+
+def _stop_asked(stop: GracefulStop) -> bool:
+    """Whether a signal asked the run to stop, on any rank (all ranks stop alike: the answer is the
+    collective's). A signal that lands while this runs is kept for the next call, never overwritten."""
+    asked = int(distributed.global_max(float(stop.signal or 0)))
+    if asked:
+        stop.signal = stop.signal or asked
+    return bool(asked)
+
+
+def evaluate(run: Run) -> dict[str, float]:
+    """Greedy accuracy on the held-out prompts (eval/... metrics)."""
+    return greedy(run.generate, run.eval_prompts, run.eval_ids, run.rewards)[0]
+
+
+class Watch:
+    """What the loop checks and keeps after each step: the warnings a user should see, the samples
+    it writes, the run of skipped updates that ends a run, and the checkpoints."""
+
+    def __init__(self, run: Run, run_dir: Path):
+        self.run, self.run_dir = run, run_dir
+        self.bad_steps = 0
+        self.canary_warned = False
+
+    def after(self, step: int, m: StepMetrics, c: Any) -> None:
+        """After an RL step (`c`: its rlvr.train.Collected): the warnings, the samples, the skipped updates."""
+        cfg, tol = self.run.cfg, self.run.precision.canary_tol
+        if m.zero_adv_frac == 1.0 and not cfg.algorithm.dynamic_sampling.enabled:
+            log.warning("step %d: every group's rewards were all equal: no learning signal this step", step)
+        # Half the tolerance is above every honest difference measured (docs: the canary's tolerance per
+        # precision). Said once.
+        if m.canary_diff > 0.5 * tol and not self.canary_warned:
+            self.canary_warned = True
+            log.warning("step %d: engine/learner canary difference %.2g is above half the canary tolerance %g, "
+                        "more than any honest difference measured (rollout.canary_tol; said once, "
+                        "sync/logprob_max_diff has every step's)", step, m.canary_diff, tol)
+        t, G = cfg.trainer, cfg.algorithm.group_size
+        if t.log_samples:
+            r = c.first_round[0]
+            log.info("sample (reward %.2f, answer %s): %r", r.reward, r.prompt.answer, r.text[:300])
+        if t.samples_every and step % t.samples_every == 0:
+            self.run.logger.samples(step, [sample_record(r, self.run.rewards, step=step)
+                                           for r in c.rollouts[: t.log_samples * G]])
+        self.skipped(step, m.learn["learn/skipped_updates"])
+
+    def skipped(self, step: int, skipped: float) -> None:
+        """A NaN/inf loss or gradient skips the update; too many in a row end the run."""
+        t = self.run.cfg.trainer
+        self.bad_steps = self.bad_steps + 1 if skipped else 0
+        if self.bad_steps >= t.max_bad_steps:
+            done = checkpoint.complete_checkpoints(self.run_dir)
+            raise TrainingError(
+                f"step {step}: the update was skipped {self.bad_steps} steps in a row (non-finite loss or gradient; "
+                f"trainer.max_bad_steps={t.max_bad_steps}). "
+                + (f"The last good checkpoint is {done[-1]}." if done else "No checkpoint was written."))
+
+    def save(self, step: int) -> Path | None:
+        """A checkpoint of `step`; a failed write is reported and the run goes on (None)."""
+        run = self.run
+        return checkpoint.save_or_report(self.run_dir, step, run.learner, run.task, run.rewards,
+                                         run.cfg.trainer.keep_last)
