@@ -118,7 +118,7 @@ class Logger:
                ("clip_frac", "clip"), ("grad_norm", "gnorm"), ("sync/logprob_max_diff", "canary"),
                ("time/step_s", "s"), ("eval/accuracy", "eval acc"), ("eval/reward/mean", "eval reward"))
 
-    def __init__(self, run_dir: Path, cfg: TrainConfig, total_steps: int):
+    def __init__(self, run_dir: Path, cfg: TrainConfig, total_steps: int, what: str = "train"):
         self.run_dir = run_dir
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
@@ -131,9 +131,9 @@ class Logger:
                 raise ImportError("logger=wandb needs the wandb package: pip install 'rlvr[wandb]'") from e
             self.wandb = wandb.init(project=cfg.logger.project, name=cfg.logger.name, mode=cfg.logger.mode,
                                     dir=str(run_dir), config=OmegaConf.to_container(OmegaConf.structured(cfg), enum_to_str=True))
-        self.progress = Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
+        self.progress = Progress(TextColumn(f"[bold]{what}"), BarColumn(), MofNCompleteColumn(),
                                  TextColumn("{task.fields[status]}"), TimeElapsedColumn(), TimeRemainingColumn())
-        self.task = self.progress.add_task("train", total=total_steps, status="")
+        self.task = self.progress.add_task(what, total=total_steps, status="")
         self.progress.start()
 
     def write_manifest(self, info: dict[str, Any]) -> None:
@@ -172,6 +172,8 @@ class Logger:
         if "reward/mean" in metrics:
             self.progress.update(self.task, completed=step,
                                  status=f"reward {metrics['reward/mean']:.3f}  acc {metrics['accuracy']:.3f}")
+        elif "time/step_s" in metrics:  # a cold start's step
+            self.progress.update(self.task, completed=step, status=f"loss {metrics['loss']:.3f}")
 
     def close(self) -> None:
         self.progress.stop()

@@ -29,8 +29,8 @@ class TrainingError(RlvrError, RuntimeError):
 def run_steps(run: Run, run_dir: Path, step: Callable[[int, Watch], dict[str, float]], t_start: float,
               what: str = "RL") -> dict[str, float]:
     """The loop around a stage's `step` (RL's, or the cold start's, rlvr.sft), which runs step k, logs
-    its record, has the `Watch` check it, and returns the record: first the proof that the engine serves the learner's weights and the first
-    evaluation (or a resumed run's state); then the steps from `run.start + 1` to `trainer.max_steps`,
+    its record, has the `Watch` check it, and returns the record. First the proof that the engine serves
+    the learner's weights and the first evaluation (or a resumed run's state); then the steps from `run.start + 1` to `trainer.max_steps`,
     with evaluations and checkpoints as `trainer.*` says and a clean stop on SIGINT/SIGTERM; then the
     final evaluation, summary.json, curves.png and the model. Closes the run."""
     t, learner, logger = run.cfg.trainer, run.learner, run.logger
@@ -110,16 +110,10 @@ class Watch:
 
     def after(self, step: int, m: StepMetrics, c: Any) -> None:
         """After an RL step (`c`: its rlvr.train.Collected): the warnings, the samples, the skipped updates."""
-        cfg, tol = self.run.cfg, self.run.precision.canary_tol
+        cfg = self.run.cfg
         if m.zero_adv_frac == 1.0 and not cfg.algorithm.dynamic_sampling.enabled:
             log.warning("step %d: every group's rewards were all equal: no learning signal this step", step)
-        # Half the tolerance is above every honest difference measured (docs: the canary's tolerance per
-        # precision). Said once.
-        if m.canary_diff > 0.5 * tol and not self.canary_warned:
-            self.canary_warned = True
-            log.warning("step %d: engine/learner canary difference %.2g is above half the canary tolerance %g, "
-                        "more than any honest difference measured (rollout.canary_tol; said once, "
-                        "sync/logprob_max_diff has every step's)", step, m.canary_diff, tol)
+        self.canary(step, m.canary_diff)
         t, G = cfg.trainer, cfg.algorithm.group_size
         if t.log_samples:
             r = c.first_round[0]
@@ -128,6 +122,16 @@ class Watch:
             self.run.logger.samples(step, [sample_record(r, self.run.rewards, step=step)
                                            for r in c.rollouts[: t.log_samples * G]])
         self.skipped(step, m.learn["learn/skipped_updates"])
+
+    def canary(self, step: int, diff: float) -> None:
+        """Half the tolerance is above every honest difference measured (docs: the canary's tolerance per
+        precision): a warning, said once."""
+        tol = self.run.precision.canary_tol
+        if diff > 0.5 * tol and not self.canary_warned:
+            self.canary_warned = True
+            log.warning("step %d: engine/learner canary difference %.2g is above half the canary tolerance %g, "
+                        "more than any honest difference measured (rollout.canary_tol; said once, "
+                        "sync/logprob_max_diff has every step's)", step, diff, tol)
 
     def skipped(self, step: int, skipped: float) -> None:
         """A NaN/inf loss or gradient skips the update; too many in a row end the run."""

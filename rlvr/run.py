@@ -118,7 +118,8 @@ def build(cfg: TrainConfig, run_dir: Path, training: bool = True, wrap_task=None
                   *fit.eval_prompts(task.eval_prompts()), learner=learner, resume=resume)
         fit.probe(task, cfg.data.batch_size)
         distributed.on_rank0(rundir.prepare, run_dir, resume, cfg.trainer.overwrite, auto)  # the first write
-        run.logger = Logger(run_dir, cfg, cfg.trainer.max_steps) if distributed.rank() == 0 else NullLogger()
+        run.logger = Logger(run_dir, cfg, cfg.trainer.max_steps, "train" if wrap_task is None else "cold start") \
+            if distributed.rank() == 0 else NullLogger()
     with _closed_on_error(run.close):
         run.logger.write_manifest({
             **manifest(cfg, model_path, device), "resumed_from": str(resume) if resume else None,

@@ -166,6 +166,9 @@ class Demonstrations:
                     pending.append(turn)
                     continue
                 if pending:
+                    if self.tools is None and any(m["role"] == "tool" for m in pending):
+                        raise SftDataError(f"{where}, row {k}: a tool's result, but no tools are configured (the "
+                                           "rollouts could never call one); add them, e.g. tools=calculator")
                     try:
                         between = between_turns(self.tokenizer, self.tools, pending)
                     except Exception as e:
@@ -246,6 +249,7 @@ def sft_step(run, step: int, watch) -> dict[str, float]:
               "time/canary_s": t_canary, "time/step_s": step_s,
               "sft/tokens_per_s": learn["learn/tokens"] / t_learn if t_learn else 0.0}
     run.logger.log(step, record)
+    watch.canary(step, diff)
     watch.skipped(step, learn["learn/skipped_updates"])
     return record
 

@@ -105,6 +105,10 @@ CHAT = {"messages": [{"role": "user", "content": "What is 2 * 3?"}, {"role": "as
      ["rollout.max_model_len=256"], r"row 1: \d+ tokens under the chat template, longer than the context "
                                     r"rollout.max_model_len=256"),
     ([{"messages": [{"role": "bot", "content": "6"}]}], [], "role must be one of"),
+    ([{"messages": [CHAT["messages"][0], {"role": "assistant", "content": "", "tool_calls": [
+        {"function": {"name": "calculator", "arguments": '{"expression": "2 * 3"}'}}]},
+        {"role": "tool", "content": "6"}, {"role": "assistant", "content": "<answer>6</answer>"}]}], [],
+     "row 0: a tool's result, but no tools are configured"),
 ])
 def test_bad_demonstrations_fail_before_the_model_loads_naming_the_row(rows, overrides, error, tmp_path, cache_dir):
     data = _write(tmp_path / "demos.jsonl", rows)
@@ -234,3 +238,20 @@ def test_the_recipe_resumes_after_a_kill_in_either_stage(tmp_path, cache_dir):
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert manifest["model_path"] == str(run_dir / "sft" / "model")
     assert (run_dir / "model" / "config.json").is_file()
+
+
+def test_openai_tool_calls_in_a_dataset_are_written_as_the_rollouts_write_them(tmp_path, tiny_path, cache_dir):
+    """A chat row whose assistant message carries `tool_calls` gives the very answer tokens of the task's
+    own calculator demonstration of the same problem."""
+    tools = ["+experiment=multiplication_tool", "data.demonstration=calculator"]
+    task_demo = _demonstrations(tiny_path, tools, cache_dir).next(1)[0]
+    a, b = task_demo.prompt.meta["operands"]
+    row = {"messages": [{"role": "user", "content": f"What is {a} * {b}?"},
+                        {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {
+                            "name": "calculator", "arguments": json.dumps({"expression": f"{a} * {b}"})}}]},
+                        {"role": "tool", "content": str(a * b)},
+                        {"role": "assistant", "content": f"<answer>{a * b}</answer>"}]}
+    data = _write(tmp_path / "calls.jsonl", [row])
+    from_file = _demonstrations(tiny_path, [*tools, f"sft.data={data}"], cache_dir).next(1)[0]
+    assert from_file.completion_ids == task_demo.completion_ids
+    assert from_file.completion_mask == task_demo.completion_mask
