@@ -16,7 +16,9 @@ the transfer evaluations.
 from __future__ import annotations
 
 import argparse
+import collections
 import json
+import re
 import statistics
 import subprocess
 import sys
@@ -40,6 +42,41 @@ def _eval(model: Path, experiment: str, overrides: list[str], out: Path) -> dict
     return json.loads((out / "eval.json").read_text())
 
 
+def where_wrong(question: str, completion: str) -> str:
+    """Where a written-out answer to "What is a * b?" first goes wrong: `right`, `partial product` (a line
+    a * p = x with x wrong), `sum` (s + t = u with u wrong), `copied` (a line that uses a wrong operand or
+    a partial product it never wrote), `answer` (the tag differs from the last line) or `format`."""
+    a, b = (int(x) for x in re.search(r"(\d+) \* (\d+)", question).groups())
+    wanted = {int(d) * 10**i for i, d in enumerate(reversed(str(b))) if d != "0"}
+    written: list[int] = []
+    last = None
+    for line in completion.splitlines():
+        if m := re.fullmatch(r"(\d+) \* (\d+) = (\d+)", line.strip()):
+            x, p, y = map(int, m.groups())
+            if x != a or p not in wanted:
+                return "copied"
+            if y != x * p:
+                return "partial product"
+            written.append(y)
+            last = y
+        elif m := re.fullmatch(r"(\d+) \+ (\d+) = (\d+)", line.strip()):
+            x, y, z = map(int, m.groups())
+            if x not in {last, *written} or y not in written:
+                return "copied"
+            if z != x + y:
+                return "sum"
+            last = z
+        elif m := re.fullmatch(r"<answer>(\d+)</answer>", line.strip()):
+            return "right" if int(m.group(1)) == a * b else ("answer" if int(m.group(1)) != last else "copied")
+    return "format"
+
+
+def _where(eval_dir: Path) -> collections.Counter:
+    rows = [json.loads(x) for x in (eval_dir / "eval_samples.jsonl").read_text().splitlines()]
+    return collections.Counter(where_wrong(r["messages"][-1]["content"], r["completion"]) for r in rows
+                               if r["decoding"] == "greedy")
+
+
 def _mean_sd(values: list[float]) -> str:
     return f"{statistics.mean(values):.3f} ± {statistics.stdev(values):.3f}" if len(values) > 1 else f"{values[0]:.3f}"
 
@@ -51,6 +88,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("runs"))
     parser.add_argument("--report-only", action="store_true", help="no new runs: the table of those done")
     parser.add_argument("--transfer", action="store_true", help="also evaluate on 5 x 2 digits and reworded")
+    parser.add_argument("--where-wrong", action="store_true",
+                        help="where each written-out answer first goes wrong, after each stage (rlvr eval)")
     parser.add_argument("overrides", nargs="*", help="more overrides for every run")
     args = parser.parse_args()
     rows = []
@@ -70,6 +109,10 @@ def main() -> None:
                 row[name] = [_eval(run_dir / stage / "model", args.experiment, overrides,
                                    run_dir / f"eval-{name}-{stage or 'rl'}")["eval/accuracy"]
                              for stage in ("sft", "")]
+        if args.where_wrong:
+            row["where"] = [_where(run_dir / f"eval-heldout-{stage or 'rl'}") if _eval(
+                run_dir / stage / "model", args.experiment, [], run_dir / f"eval-heldout-{stage or 'rl'}") else None
+                for stage in ("sft", "")]
         rows.append(row)
     if not rows:
         sys.exit(f"no finished run under {args.out / args.experiment}")
@@ -96,6 +139,12 @@ def main() -> None:
             print(f"| {r['seed']} | " + " | ".join(f"{r[n][0]:.3f} | {r[n][1]:.3f}" for n, _ in TRANSFER) + " |")
         print("| mean ± sd | " + " | ".join(f"{_mean_sd([r[n][0] for r in rows])} | {_mean_sd([r[n][1] for r in rows])}"
                                             for n, _ in TRANSFER) + " |")
+    if args.where_wrong:
+        kinds = ["right", "partial product", "sum", "copied", "answer", "format"]
+        print("\nwhere each held-out answer first goes wrong (cold start -> after RL)\n| seed | "
+              + " | ".join(kinds) + " |\n|---|" + "---|" * len(kinds))
+        for r in rows:
+            print(f"| {r['seed']} | " + " | ".join(f"{r['where'][0][k]} -> {r['where'][1][k]}" for k in kinds) + " |")
 
 
 if __name__ == "__main__":
