@@ -106,8 +106,8 @@ def test_nonsense_values_are_rejected_with_the_key(override, key):
     ("algorithm=grpoo", "algorithm=grpoo: no such option; algorithm is one of dapo, dr_grpo, grpo, gspo, rloo; "
                         "did you mean algorithm=grpo?"),
     ("+experiment=multiplicaton", "experiment=multiplicaton: no such option; experiment is one of function_picking, "
-                                  "multiplication, multiplication_4x2, multiplication_tool; did you mean "
-                                  "experiment=multiplication?"),
+                                  "multiplication, multiplication_4x2, multiplication_4x2_sft, multiplication_tool, "
+                                  "multiplication_tool_sft; did you mean experiment=multiplication?"),
     # keys that moved when trainer was split by concern
     ("trainer.precision=fp32", "trainer.precision: renamed to learner.precision"),
     ("trainer.nproc_per_node=2", "trainer.nproc_per_node: renamed to launch.nproc_per_node"),
