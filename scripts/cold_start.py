@@ -2,12 +2,12 @@
 
     python scripts/cold_start.py                                         # the written-out recipe, seeds 0-2
     python scripts/cold_start.py --experiment multiplication_tool_sft --seeds 0 1 2
-    python scripts/cold_start.py --report-only --out runs/               # the table of runs already done
+    python scripts/cold_start.py --report-only --transfer 5x2 --where-wrong   # the table of runs done, and more
 
 For each seed, `rlvr train +experiment=EXPERIMENT seed=N` (the recipe: cold start, then RL) into
 `OUT/EXPERIMENT/seed-N` (skipped when done; continued with trainer.resume=auto when cut off). Then
 `rlvr eval` of the cold start's model and of the final model on operand sizes and a wording that the
-demonstrations never used (`--transfer`: 5 x 2 digits, and the 4 x 2 problems asked in other words).
+demonstrations never used (`--transfer 5x2 reworded`: 5 x 2 digits, the 4 x 2 problems in other words).
 Printed: held-out greedy accuracy before, after the cold start and after RL, per seed and as mean ±
 sd, the share of answers that call a tool where the task has tools, the wall time of each stage, and
 the transfer evaluations.
@@ -26,8 +26,8 @@ from pathlib import Path
 
 RLVR = str(Path(sys.executable).with_name("rlvr"))
 # Evaluations on what the demonstrations never showed: (name, overrides).
-TRANSFER = [("5x2", ["data.levels=[[5,2]]"]),
-            ("reworded", ["data.template='Multiply {a} by {b}. Write the product inside <answer></answer>.'"])]
+TRANSFER = {"5x2": ["data.levels=[[5,2]]"],
+            "reworded": ["data.template='Multiply {a} by {b}. Write the product inside <answer></answer>.'"]}
 
 
 def _evals(run_dir: Path) -> list[dict]:
@@ -87,7 +87,8 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--out", type=Path, default=Path("runs"))
     parser.add_argument("--report-only", action="store_true", help="no new runs: the table of those done")
-    parser.add_argument("--transfer", action="store_true", help="also evaluate on 5 x 2 digits and reworded")
+    parser.add_argument("--transfer", nargs="*", choices=sorted(TRANSFER), default=[],
+                        help="also evaluate on 5 x 2 digits and/or reworded prompts")
     parser.add_argument("--where-wrong", action="store_true",
                         help="where each written-out answer first goes wrong, after each stage (rlvr eval)")
     parser.add_argument("overrides", nargs="*", help="more overrides for every run")
@@ -105,7 +106,8 @@ def main() -> None:
                "sft_min": json.loads((run_dir / "sft" / "summary.json").read_text())["wall_s"] / 60,
                "rl_min": json.loads((run_dir / "summary.json").read_text())["wall_s"] / 60}
         if args.transfer:
-            for name, overrides in TRANSFER:
+            for name in args.transfer:
+                overrides = TRANSFER[name]
                 row[name] = [_eval(run_dir / stage / "model", args.experiment, overrides,
                                    run_dir / f"eval-{name}-{stage or 'rl'}")["eval/accuracy"]
                              for stage in ("sft", "")]
@@ -133,12 +135,12 @@ def main() -> None:
           + (f"{_mean_sd([r['rl']['eval/tools/call_frac'] for r in rows])} | " if tools else "")
           + f"{_mean_sd([r['sft_min'] + r['rl_min'] for r in rows])} |")
     if args.transfer:
-        print("\n| seed | " + " | ".join(f"{n}: cold start | {n}: after RL" for n, _ in TRANSFER) + " |")
-        print("|---|" + "---|---|" * len(TRANSFER))
+        print("\n| seed | " + " | ".join(f"{n}: cold start | {n}: after RL" for n in args.transfer) + " |")
+        print("|---|" + "---|---|" * len(args.transfer))
         for r in rows:
-            print(f"| {r['seed']} | " + " | ".join(f"{r[n][0]:.3f} | {r[n][1]:.3f}" for n, _ in TRANSFER) + " |")
+            print(f"| {r['seed']} | " + " | ".join(f"{r[n][0]:.3f} | {r[n][1]:.3f}" for n in args.transfer) + " |")
         print("| mean ± sd | " + " | ".join(f"{_mean_sd([r[n][0] for r in rows])} | {_mean_sd([r[n][1] for r in rows])}"
-                                            for n, _ in TRANSFER) + " |")
+                                            for n in args.transfer) + " |")
     if args.where_wrong:
         kinds = ["right", "partial product", "sum", "copied", "answer", "format"]
         print("\nwhere each held-out answer first goes wrong (cold start -> after RL)\n| seed | "
