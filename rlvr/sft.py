@@ -128,14 +128,15 @@ class Demonstrations:
             raise SftDataError(f"sft.data={s.data!r}: the file has no rows")
         demos = [from_row(row, k, f"sft.data={s.data!r}", s) for k, row in enumerate(rows)]
         held_out = {json.dumps(p.messages[-1]["content"]) for p in task.eval_prompts()}
-        self.rows = [d for d in demos if json.dumps(d.prompt.messages[-1]["content"]) not in held_out]
+        kept = [k for k, d in enumerate(demos) if json.dumps(d.prompt.messages[-1]["content"]) not in held_out]
+        self.rows = [demos[k] for k in kept]
         if len(self.rows) < len(demos):
             log.warning("sft.data: %d of %d rows ask one of the task's held-out prompts: dropped, so that the "
                         "evaluation never sees a problem the cold start was shown", len(demos) - len(self.rows),
                         len(demos))
         if not self.rows:
             raise SftDataError(f"sft.data={s.data!r}: every row asks a held-out prompt of the task")
-        self.encoded = self._encode(self.rows, f"sft.data={s.data!r}")
+        self.encoded = self._encode(self.rows, f"sft.data={s.data!r}", kept)
         log.info("cold start: %d demonstrations from %s, %d tokens in all", len(self.rows), s.data,
                  sum(len(r.prompt_ids) + len(r.completion_ids) for r in self.encoded))
 
@@ -152,11 +153,13 @@ class Demonstrations:
             raise SftDataError("the model's chat template drops tool messages (a tool's result would not reach the "
                                "model); use a model whose template renders role 'tool'")
 
-    def _encode(self, demos: list[Demonstration], where: str) -> list[Rollout]:
-        """Token ids of `demonstrations`, as the rollouts would hold the same answers (module docstring)."""
+    def _encode(self, demos: list[Demonstration], where: str, rows: list[int] | None = None) -> list[Rollout]:
+        """Token ids of `demos`, as the rollouts would hold the same answers (module docstring); an error
+        names the demonstration's row (`rows`: the file's row of each, default its index)."""
         end = between_turns(self.tokenizer, self.tools, [])[:1]  # the token that ends the assistant's turn
         out = []
-        for k, d in enumerate(demos):
+        for i, d in enumerate(demos):
+            k = rows[i] if rows is not None else i
             prompt_ids = render(self.tokenizer, d.prompt, self.tools)
             ids: list[int] = []
             mask: list[int] = []

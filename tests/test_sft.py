@@ -90,6 +90,12 @@ def test_dataset_rows_asking_a_held_out_prompt_are_dropped(tmp_path, tiny_path, 
                                          {"prompt": "What is 2 * 3?", "completion": "<answer>6</answer>"}])
     demos = _demonstrations(tiny_path, ["+experiment=multiplication", f"sft.data={data}"], cache_dir)
     assert [d.prompt.messages[-1]["content"] for d in demos.rows] == ["What is 2 * 3?"]
+    # an error names the row of the file, whatever was dropped before it
+    data = _write(tmp_path / "e.jsonl", [{"prompt": held, "completion": "<answer>1</answer>"},
+                                         {"prompt": "What is 2 * 3?", "completion": "6 " * 300}])
+    with pytest.raises(SftDataError, match="row 1: "):
+        _demonstrations(tiny_path, ["+experiment=multiplication", f"sft.data={data}", "rollout.max_model_len=256"],
+                        cache_dir)
 
 
 CHAT = {"messages": [{"role": "user", "content": "What is 2 * 3?"}, {"role": "assistant", "content": "6"}]}
