@@ -85,6 +85,16 @@ def run_steps(run: Run, run_dir: Path, step: Callable[[int, Watch], dict[str, fl
         run.close()
 
 
+def sync(run: Run) -> tuple[float, float, float]:
+    """The learner's new weights into the engine, then the proof that the engine serves them (the
+    canary): (seconds of the sync, seconds of the check, the canary's logprob difference)."""
+    learner, t0 = run.learner, time.perf_counter()
+    run.engine.load_weights(run.canary.watch(learner.policy.named_weights(run.precision.engine_torch_dtype)))
+    t1 = time.perf_counter()
+    diff = run.canary.check(run.engine, learner.scorer.sequence_logprobs)
+    return t1 - t0, time.perf_counter() - t1, diff
+
+
 def _stop_asked(stop: GracefulStop) -> bool:
     """Whether a signal asked the run to stop, on any rank (all ranks stop alike: the answer is the
     collective's). A signal that lands while this runs is kept for the next call, never overwritten."""

@@ -231,6 +231,7 @@ def sft_step(run, step: int, watch) -> dict[str, float]:
     """One step of the cold start: the next `sft.batch_size` demonstrations -> the update -> the new
     weights into the engine (checked, as RL's are) -> its record, logged and checked by `watch`."""
     from rlvr.learner import make_batch
+    from rlvr.loop import sync
 
     learner, t0 = run.learner, time.perf_counter()
     demos = run.task.next(run.cfg.sft.batch_size)
@@ -241,12 +242,7 @@ def sft_step(run, step: int, watch) -> dict[str, float]:
     t_learn = time.perf_counter()
     learn = learner.imitate(batch)
     t_learn = time.perf_counter() - t_learn
-    t_sync = time.perf_counter()
-    run.engine.load_weights(run.canary.watch(learner.policy.named_weights(run.precision.engine_torch_dtype)))
-    t_sync = time.perf_counter() - t_sync
-    t_canary = time.perf_counter()
-    diff = run.canary.check(run.engine, learner.scorer.sequence_logprobs)
-    t_canary = time.perf_counter() - t_canary
+    t_sync, t_canary, diff = sync(run)  # the new weights into the engine, checked
     step_s = time.perf_counter() - t0
     record = {**learn, "sync/logprob_max_diff": diff, "time/learn_s": t_learn, "time/sync_s": t_sync,
               "time/canary_s": t_canary, "time/step_s": step_s,

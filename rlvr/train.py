@@ -34,7 +34,7 @@ from rlvr.algorithms.losses import kl_penalty, overlong_penalty
 from rlvr.config import TrainConfig
 from rlvr.data import Task
 from rlvr.learner import Learner, make_batch
-from rlvr.loop import Watch, run_steps
+from rlvr.loop import Watch, run_steps, sync
 from rlvr.metrics import StepMetrics, StepTimes, peak_memory, summarise
 from rlvr.monitor import DegenerationMonitor
 from rlvr.prompts import PromptFit
@@ -158,12 +158,7 @@ def rl_step(run: Run, step: int) -> tuple[StepMetrics, Collected]:
     t_learn = time.perf_counter() - t0
 
     # 6. new weights into the engine, then prove it serves them
-    t0 = time.perf_counter()
-    run.engine.load_weights(run.canary.watch(learner.policy.named_weights(run.precision.engine_torch_dtype)))
-    t_sync = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    canary_diff = run.canary.check(run.engine, learner.scorer.sequence_logprobs)
-    t_canary = time.perf_counter() - t0
+    t_sync, t_canary, canary_diff = sync(run)
 
     # 7. the record: reward and accuracy of the first round, an unfiltered sample of the policy
     policy = summarise(c.first_round, rewards)
