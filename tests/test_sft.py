@@ -9,8 +9,6 @@ import json
 import os
 import re
 import signal
-import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -21,7 +19,8 @@ from rlvr.data.multiplication import MultiplicationTask, written_out
 from rlvr.rollout.multiturn import ToolRollouts, build_tools
 from rlvr.sft import Demonstrations, SftDataError
 
-from .conftest import RLVR, cli_here, compose_config, pinned, run_cli
+from .conftest import cli_here, compose_config, run_cli
+from .test_checkpoint import _start, _wait_for_step
 
 TINY = ["+experiment=multiplication", "model=tiny", "data.eval_size=4", "rollout.max_tokens=48"]
 
@@ -207,23 +206,11 @@ def test_rlvr_sft_learns_the_demonstrations_and_rlvr_train_starts_from_its_model
     assert rl.returncode == 0, rl.stderr[-3000:]
 
 
-def _start(args: list[str], cache: Path) -> subprocess.Popen:
-    return subprocess.Popen([RLVR, "train", *pinned(args)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, env={**os.environ, "RLVR_CACHE": str(cache)}, start_new_session=True)
-
-
-def _kill_at(proc: subprocess.Popen, metrics: Path, step: int, timeout: float = 300) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if metrics.exists() and any(s["step"] >= step for s in _steps(metrics.parent)):
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            return
-        if proc.poll() is not None:
-            raise AssertionError(f"the run ended early ({proc.returncode}): {proc.stdout.read()[-3000:]}")
-        time.sleep(0.2)
-    proc.kill()
-    raise AssertionError(f"step {step} not reached in {timeout} s")
+def _kill_at(proc, run_dir: Path, step: int) -> None:
+    """SIGKILL the run (its whole process group) once `run_dir` has logged `step`."""
+    _wait_for_step(proc, run_dir, step)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
 
 
 @pytest.mark.slow
@@ -233,9 +220,9 @@ def test_the_recipe_resumes_after_a_kill_in_either_stage(tmp_path, cache_dir):
     step run once, RL started from the cold start's model."""
     run_dir = tmp_path / "run"
     args = [*RECIPE, f"hydra.run.dir={run_dir}"]
-    _kill_at(_start(args, cache_dir), run_dir / "sft" / "metrics.jsonl", 3)  # checkpoint of step 2 written
+    _kill_at(_start(args, cache_dir), run_dir / "sft", 3)  # checkpoint of step 2 written
     assert not (run_dir / "sft" / "model").exists() and not (run_dir / "metrics.jsonl").exists()
-    _kill_at(_start([*args, "trainer.resume=auto"], cache_dir), run_dir / "metrics.jsonl", 3)
+    _kill_at(_start([*args, "trainer.resume=auto"], cache_dir), run_dir, 3)
     assert [s["step"] for s in _steps(run_dir / "sft")] == list(range(1, 7))
     result = run_cli(["train", *args, "trainer.resume=auto"], cache=cache_dir)
     assert result.returncode == 0, result.stderr[-3000:]
