@@ -1,7 +1,7 @@
 """Every `rlvr train` / `rlvr eval` command in the code blocks of README.md and docs/*.md composes as a
 shell would pass it, and passes the checks a run makes before anything loads (values, combinations,
 unknown keys); every `rlvr plot` command draws, every `make` command names a target of the Makefile,
-and every script named exists."""
+and every `python scripts/…` command names a script, options it takes and keys the schema has."""
 
 from __future__ import annotations
 
@@ -106,16 +106,42 @@ def test_the_prompt_template_arrives_as_written():
     assert compose_config(overrides).data.prompt_template == r"{prompt} Put the final answer in \boxed{}."
 
 
-def test_every_make_command_names_a_target_and_every_script_exists():
+def test_every_make_command_names_a_target():
     targets = set(re.findall(r"^([a-z][\w-]*):", (REPO / "Makefile").read_text(), re.M))
     made = readme_commands(r"make \w")
     assert made
     for command in made:
         assert shlex.split(command, comments=True)[1] in targets, command
-    scripts = readme_commands(r"python scripts/")
-    assert scripts
-    for command in scripts:
-        assert (REPO / shlex.split(command, comments=True)[1]).is_file(), command
+
+
+def script_commands() -> list[str]:
+    """`python scripts/…` as the pages write it: in code blocks, or inline in `backticks`."""
+    inline = [c for page in PAGES for c in re.findall(r"`(python scripts/[^`]+)`", page.read_text())]
+    return readme_commands(r"python scripts/") + inline
+
+
+SCRIPT_COMMANDS = script_commands()
+
+
+@pytest.mark.parametrize("command", SCRIPT_COMMANDS, ids=[c.split("#")[0].strip() for c in SCRIPT_COMMANDS])
+def test_a_script_command_names_a_script_its_options_and_known_keys(command):
+    """These run for minutes, so each is checked for its syntax only: the script exists, takes every
+    option written, and every config override names a key of the schema (the `[--steps N]` a reader
+    fills in included)."""
+    script, *args = shlex.split(command.replace("[", " ").replace("]", " "), comments=True)[1:]
+    source = (REPO / script).read_text()
+    options = [a.split("=")[0] for a in args if a.startswith("--")]
+    for option in options:
+        assert f'add_argument("{option}"' in source, f"{script} takes no {option}: {command!r}"
+    overrides = [a for a in args if "=" in a and not a.startswith("-")]
+    if overrides:
+        assert "overrides" in source, f"{script} takes no config overrides: {command!r}"
+        check_overrides(overrides, Path(CONFIG_DIR), [])
+        unknown_keys(compose_dictconfig(overrides))
+
+
+def test_the_script_commands_are_found():
+    assert len(SCRIPT_COMMANDS) >= 10, SCRIPT_COMMANDS
 
 
 def test_every_plot_command_draws(tmp_path, cache_dir):
