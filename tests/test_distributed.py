@@ -245,6 +245,31 @@ def test_dapo_on_two_ranks_and_resume_with_another_world_size(tmp_path, cache_di
     _same_run(whole, back, steps=(3,))
 
 
+def test_the_cold_start_on_two_ranks_makes_the_one_process_updates(tmp_path, cache_dir):
+    """`rlvr sft` on two ranks: 5 demonstrations a step split 3 + 2, micro-batches of 2, so rank 1 runs
+    an idle pass to match rank 0's second micro-batch. Each step's loss (the token mean over the whole
+    batch), gradient norm and the final weights are those of one process."""
+    from safetensors.torch import load_file
+
+    from .conftest import run_cli
+
+    base = ["sft", *TRAIN[1:], "sft.steps=2", "sft.batch_size=5", "sft.lr=1e-3", "sft.warmup_steps=0",
+            "learner.micro_batch_size=2"]
+    runs = {"one": tmp_path / "one", "two": tmp_path / "two"}
+    for name, extra in (("one", []), ("two", ["launch.nproc_per_node=2"])):
+        result = run_cli([*base, f"hydra.run.dir={runs[name]}", *extra], cache_dir, timeout=900)
+        assert result.returncode == 0, result.stderr[-3000:]
+    one, two = _train_metrics(runs["one"]), _train_metrics(runs["two"])
+    assert sorted(one) == sorted(two) == [1, 2]
+    for step in (1, 2):
+        assert two[step]["learn/target_tokens"] == one[step]["learn/target_tokens"]
+        for key in ("loss", "grad_norm"):
+            assert two[step][key] == pytest.approx(one[step][key], rel=1e-4, abs=1e-6), (step, key)
+    a, b = (load_file(runs[n] / "model" / "model.safetensors") for n in ("one", "two"))
+    for key in a:
+        assert torch.allclose(a[key], b[key], atol=1e-6), key
+
+
 def _workers(launcher_pid: int) -> list[int]:
     """The rank processes the launcher spawned (multiprocessing's spawn children, not its resource tracker)."""
     import psutil

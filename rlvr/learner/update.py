@@ -175,21 +175,30 @@ class Learner:
             gap = (logp.detach() - sampler).abs() * mask
             out["mismatch_sum"] += float(gap.sum())
             out["mismatch_max"] = max(out["mismatch_max"], float(gap.max()) if gap.numel() else 0.0)
-        trained = [p for group in self.optimizer.param_groups for p in group["params"]]
-        out["grad_norm"] = float(distributed.full(torch.nn.utils.clip_grad_norm_(trained, self.optim_cfg.max_grad_norm)))
+        out["grad_norm"] = self._clip_gradients()
         out["sequences"] = float(len(rows))
         if distributed.world_size() > 1:  # the whole batch's figures
             summed = ("loss", "kl", "clipped", "tokens", "mismatch_sum", "sequences")
             out.update(zip(summed, distributed.global_sum([out[k] for k in summed]), strict=True))
             out["mismatch_max"] = distributed.global_max(out["mismatch_max"])
-        stepped = math.isfinite(out["grad_norm"]) and math.isfinite(out["loss"])
+        out["skipped"] = float(not self._step_or_skip(out["loss"], out["grad_norm"]))
+        return out
+
+    def _clip_gradients(self) -> float:
+        """Clip the accumulated gradients to `optim.max_grad_norm`; their norm before clipping."""
+        trained = [p for group in self.optimizer.param_groups for p in group["params"]]
+        return float(distributed.full(torch.nn.utils.clip_grad_norm_(trained, self.optim_cfg.max_grad_norm)))
+
+    def _step_or_skip(self, loss: float, grad_norm: float) -> bool:
+        """The optimizer step on the accumulated gradients, unless the loss or their norm is not finite:
+        then they are dropped and the weights stay as they are. Whether it stepped."""
+        stepped = math.isfinite(grad_norm) and math.isfinite(loss)
         if stepped:
             self.optimizer.step()
         else:
-            log.warning("non-finite loss (%s) or gradient norm (%s): update skipped", out["loss"], out["grad_norm"])
+            log.warning("non-finite loss (%s) or gradient norm (%s): update skipped", loss, grad_norm)
             self.optimizer.zero_grad(set_to_none=True)
-        out["skipped"] = float(not stepped)
-        return out
+        return stepped
 
     def imitate(self, batch: Batch) -> dict[str, float]:
         """One optimizer step of the cold start on `batch` (demonstrations; `loss_mask` marks the
@@ -210,16 +219,10 @@ class Learner:
             part, _ = sft_loss(logp, mask, norm)
             (part * distributed.world_size()).backward()  # FSDP2 averages the ranks' gradients: undo it
             loss += float(part.detach())
-        trained = [p for group in self.optimizer.param_groups for p in group["params"]]
-        grad_norm = float(distributed.full(torch.nn.utils.clip_grad_norm_(trained, self.optim_cfg.max_grad_norm)))
+        grad_norm = self._clip_gradients()
         loss = distributed.global_sum([loss])[0]
         lr = self.scheduler.get_last_lr()[0]
-        stepped = math.isfinite(grad_norm) and math.isfinite(loss)
-        if stepped:
-            self.optimizer.step()
-        else:
-            log.warning("non-finite loss (%s) or gradient norm (%s): update skipped", loss, grad_norm)
-            self.optimizer.zero_grad(set_to_none=True)
+        stepped = self._step_or_skip(loss, grad_norm)
         self.scheduler.step()
         return {"loss": loss, "grad_norm": grad_norm, "lr": lr, "learn/sequences": sequences,
                 "learn/target_tokens": tokens, "learn/skipped_updates": float(not stepped),
