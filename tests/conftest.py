@@ -120,9 +120,9 @@ def tiny_learner(cache: Path, tiny_path: Path, overrides: list[str] | None = Non
 
 
 def run_cli(args: list[str], cache: Path, timeout: int = 600, extra_env: dict | None = None) -> subprocess.CompletedProcess:
-    """Run the installed `rlvr` command as a user would (`train` and `eval` in float32 unless `args` set
+    """Run the installed `rlvr` command as a user would (`train`, `sft` and `eval` in float32 unless `args` set
     the precision); output captured as text."""
-    if args and args[0] in ("train", "eval"):
+    if args and args[0] in ("train", "sft", "eval"):
         args = [args[0], *pinned(args[1:])]
     env = {**os.environ, "RLVR_CACHE": str(cache), "HYDRA_FULL_ERROR": "0", **(extra_env or {})}
     return subprocess.run([RLVR, *args], capture_output=True, text=True, timeout=timeout, env=env)
@@ -139,7 +139,7 @@ def cli_here(args: list[str], cache: Path, cwd: Path | None = None) -> subproces
 
     from rlvr import cli
 
-    if args and args[0] in ("train", "eval"):
+    if args and args[0] in ("train", "sft", "eval"):
         args = [args[0], *pinned(args[1:])]
     out, err = io.StringIO(), io.StringIO()
     saved_argv, saved_env, saved_cwd = sys.argv, dict(os.environ), Path.cwd()
