@@ -169,6 +169,17 @@ def _same_run(a: Path, b: Path, steps) -> None:
             assert mb[step][key] == pytest.approx(ma[step][key], rel=1e-4, abs=1e-6), (step, key)
 
 
+def _same_weights(a: Path, b: Path) -> dict:
+    """The final models of the runs in `a` and `b` agree to 1e-6 in every tensor; `a`'s weights are returned."""
+    from safetensors.torch import load_file
+
+    one, other = (load_file(run_dir / "model" / "model.safetensors") for run_dir in (a, b))
+    assert one.keys() == other.keys()
+    for key in one:
+        assert torch.allclose(one[key], other[key], atol=1e-6), (b.name, key)
+    return one
+
+
 def _torchrun(args: list[str], cache: Path, cwd: Path):
     import subprocess
     import sys
@@ -213,10 +224,7 @@ def test_two_ranks_train_as_one_process(tmp_path, cache_dir):
         assert [r["step"] for r in records] == [0, 1, 2, 2], name  # eval, two steps, final eval: written once
         _same_run(runs["one"], runs[name], steps=(1, 2))
         assert _records(runs[name])[-1]["eval/accuracy"] == _records(runs["one"])[-1]["eval/accuracy"]
-        one, two = load_file(runs["one"] / "model" / "model.safetensors"), load_file(runs[name] / "model" / "model.safetensors")
-        assert one.keys() == two.keys()
-        for key in one:
-            assert torch.allclose(one[key], two[key], atol=1e-6), (name, key)
+        one = _same_weights(runs["one"], runs[name])
     assert any((one[k] != load_file(cache_dir / "models" / "tiny" / "model.safetensors")[k]).any() for k in one)
 
 
@@ -225,8 +233,6 @@ def test_dapo_on_two_ranks_and_resume_with_another_world_size(tmp_path, cache_di
     and 3 rank 0 has no group to learn on; two ranks still make the one-process updates. A checkpoint of
     one process resumes on two ranks and one of two ranks on one process, each continuing exactly as the
     uninterrupted run (the optimizer state included: step 3's update depends on it)."""
-    from safetensors.torch import load_file
-
     from .conftest import run_cli
 
     whole, two, resumed, back = tmp_path / "whole", tmp_path / "two", tmp_path / "resumed", tmp_path / "back"
@@ -238,9 +244,7 @@ def test_dapo_on_two_ranks_and_resume_with_another_world_size(tmp_path, cache_di
         assert result.returncode == 0, result.stderr[-3000:]
     assert [_train_metrics(whole)[s]["groups/trained"] for s in (1, 2, 3)] == [1, 3, 1]
     _same_run(whole, two, steps=(1, 2, 3))
-    one, other = (load_file(run_dir / "model" / "model.safetensors") for run_dir in (whole, two))
-    for key in one:
-        assert torch.allclose(one[key], other[key], atol=1e-6), key
+    _same_weights(whole, two)
     _same_run(whole, resumed, steps=(2, 3))
     _same_run(whole, back, steps=(3,))
 
@@ -249,8 +253,6 @@ def test_the_cold_start_on_two_ranks_makes_the_one_process_updates(tmp_path, cac
     """`rlvr sft` on two ranks: 5 demonstrations a step split 3 + 2, micro-batches of 2, so rank 1 runs
     an idle pass to match rank 0's second micro-batch. Each step's loss (the token mean over the whole
     batch), gradient norm and the final weights are those of one process."""
-    from safetensors.torch import load_file
-
     from .conftest import run_cli
 
     base = ["sft", *TRAIN[1:], "sft.steps=2", "sft.batch_size=5", "sft.lr=1e-3", "sft.warmup_steps=0",
@@ -265,9 +267,7 @@ def test_the_cold_start_on_two_ranks_makes_the_one_process_updates(tmp_path, cac
         assert two[step]["learn/target_tokens"] == one[step]["learn/target_tokens"]
         for key in ("loss", "grad_norm"):
             assert two[step][key] == pytest.approx(one[step][key], rel=1e-4, abs=1e-6), (step, key)
-    a, b = (load_file(runs[n] / "model" / "model.safetensors") for n in ("one", "two"))
-    for key in a:
-        assert torch.allclose(a[key], b[key], atol=1e-6), key
+    _same_weights(runs["one"], runs["two"])
 
 
 def _workers(launcher_pid: int) -> list[int]:
