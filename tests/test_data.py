@@ -7,9 +7,9 @@ import json
 import jsonschema
 import pytest
 
-from rlvr.data import is_held_out
+from rlvr.data import is_held_out, multiplication
 from rlvr.data.function_picking import FUNCTIONS, FunctionPickingTask
-from rlvr.data.multiplication import MultiplicationTask
+from rlvr.data.multiplication import MultiplicationTask, written_out, written_steps
 from rlvr.rewards.structured import function_call_match
 
 TEMPLATE = "What is {a} * {b}?"
@@ -38,6 +38,28 @@ def test_training_never_draws_a_held_out_problem():
     assert held_out and all(is_held_out(f"{a}*{b}", 0.2) for a, b in held_out)
     trained = {_operands(p) for p in task.sample(500)}
     assert trained and not trained & held_out
+
+
+def test_the_written_working_is_right_and_its_reward_counts_each_right_line():
+    """Every line of `written_out` is true arithmetic ending in the product; `written_steps` gives the
+    whole working 1 and loses one line's share for each line with a wrong number."""
+    import doctest
+    import random
+
+    assert doctest.testmod(multiplication).failed == 0
+    rng = random.Random(0)
+    for _ in range(200):
+        a, b = rng.randrange(1000, 10000), rng.randrange(10, 100)
+        prompt = _task(levels=[[4, 2]])._prompt(a, b, 0)
+        lines = written_out(a, b).splitlines()
+        assert lines[-1] == f"<answer>{a * b}</answer>"
+        for line in lines[:-1]:
+            left, right = line.split(" = ")
+            assert eval(left) == int(right), line  # each step is true
+        assert written_steps(written_out(a, b), prompt) == 1.0
+        wrong = rng.randrange(len(lines) - 1)
+        lines[wrong] = lines[wrong] + "1"
+        assert written_steps("\n".join(lines), prompt) == pytest.approx(1 - 1 / (len(lines) - 1))
 
 
 def test_eval_set_is_fixed_and_spread_over_levels():

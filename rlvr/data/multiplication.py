@@ -130,3 +130,23 @@ def written_out(a: int, b: int) -> str:
         lines.append(f"{total} + {a * p} = {total + a * p}")
         total += a * p
     return "\n".join([*lines, f"<answer>{a * b}</answer>"])
+
+
+def written_steps(completion: str, prompt: Prompt) -> float:
+    """A reward for the working, not only the answer: the share of `written_out`'s lines (each partial
+    product, each running sum) that the completion writes as a line of its own. A wrong answer whose
+    working is right up to one product scores between 0 and 1, so a group whose answers are all wrong
+    still differs in reward (the final answer is for `rlvr.rewards.answer.correct` to score).
+
+    >>> p = Prompt(messages=[], answer="179398", meta={"operands": [4721, 38]})
+    >>> written_steps(written_out(4721, 38), p)
+    1.0
+    >>> written_steps("4721 * 8 = 37768\\n4721 * 30 = 141530\\n37768 + 141530 = 179298", p)
+    0.3333333333333333
+    >>> written_steps("<answer>179398</answer>", p)
+    0.0
+    """
+    a, b = (int(x) for x in prompt.meta["operands"])
+    steps = written_out(a, b).splitlines()[:-1]
+    lines = {line.strip() for line in completion.splitlines()}
+    return sum(step in lines for step in steps) / len(steps)
