@@ -60,6 +60,16 @@ def test_every_reward_is_total_on_adversarial_outputs(fn, kwargs):
             assert isinstance(value, float) and math.isfinite(value) and -1 <= value <= 1, (completion[:40], value)
 
 
+def test_the_written_working_reward_is_total_on_adversarial_outputs():
+    """The multiplication task's reward for its working reads the operands from the prompt, not the output."""
+    from rlvr.data.multiplication import written_steps
+
+    prompt = Prompt(messages=[], answer="179398", meta={"operands": [4721, 38]})
+    for completion in ADVERSARIAL:
+        value = written_steps(completion, prompt)
+        assert isinstance(value, float) and 0 <= value <= 1, (completion[:40], value)
+
+
 GSM = Prompt(messages=[], answer="She pays 3 * 24 = 72.\n#### 72")
 HALF = Prompt(messages=[], answer="\\frac{1}{2}")
 CALL = Prompt(messages=[], answer='{"name": "convert_currency", "arguments": {"amount": 20, "from_currency": "USD", '
