@@ -33,11 +33,12 @@ log = logging.getLogger("rlvr")
 BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 # Canary tolerance per engine dtype when rollout.canary_tol is null (scripts/canary_tolerance.py,
 # docs/precision.md). float32: between the honest difference (<= 7e-5 on SmolLM2) and one missed sync
-# (>= 0.17). bfloat16: the honest difference (kernels that round differently) reached 0.81 in 30-step
-# runs of SmolLM2 and overlaps one missed sync (0.31-1.5), so the tolerance only stops an engine that
-# is grossly off (a wrong model, a prefix cache stale for many steps); a missed sync is caught in every
-# dtype by the canary's bit-for-bit check (rlvr.rollout.engine.Canary), which needs no tolerance.
-CANARY_TOL = {"float32": 1e-3, "bfloat16": 2.0}
+# (>= 0.17). bfloat16: kernels that round differently give honest differences that overlap one missed
+# sync (0.31-1.5) and reach 3.6 on SmolLM2 (at the canary's third token, whose context is two
+# tokens, in a cold start at lr 3e-4), so the tolerance only stops an engine that is grossly off (a
+# wrong model, a prefix cache stale for many steps); a missed sync is caught in every dtype by the
+# canary's bit-for-bit check (rlvr.rollout.engine.Canary), which needs no tolerance.
+CANARY_TOL = {"float32": 1e-3, "bfloat16": 8.0}
 
 
 def cpu_bf16_flags() -> list[str]:

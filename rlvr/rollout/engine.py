@@ -161,7 +161,8 @@ def _within(engine_logprobs: torch.Tensor, learner_logprobs: torch.Tensor, tol: 
         raise WeightSyncError(
             f"after the weight sync the engine's logprobs of the canary sequence differ from the learner's "
             f"by {diff:.3g} (> the canary tolerance {tol:g}, rollout.canary_tol): the engine is not serving the "
-            "learner's weights."
+            "learner's weights (a sync that did not reach it, a stale cache) or computes otherwise than the "
+            "learner beyond the tolerance."
         )
     return diff
 
