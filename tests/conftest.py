@@ -49,6 +49,11 @@ def pinned(overrides: list[str]) -> list[str]:
     return [*overrides, *extra]
 
 
+def pinned_command(args: list[str]) -> list[str]:
+    """An `rlvr` command line with `train`, `sft` and `eval` pinned (`pinned`); other commands as they are."""
+    return [args[0], *pinned(args[1:])] if args and args[0] in ("train", "sft", "eval") else args
+
+
 @pytest.fixture(scope="session")
 def cache_dir(tmp_path_factory) -> Path:
     """A cache folder of the test session, holding the tiny model (built here, nothing downloaded)."""
@@ -122,8 +127,7 @@ def tiny_learner(cache: Path, tiny_path: Path, overrides: list[str] | None = Non
 def run_cli(args: list[str], cache: Path, timeout: int = 600, extra_env: dict | None = None) -> subprocess.CompletedProcess:
     """Run the installed `rlvr` command as a user would (`train`, `sft` and `eval` in float32 unless `args` set
     the precision); output captured as text."""
-    if args and args[0] in ("train", "sft", "eval"):
-        args = [args[0], *pinned(args[1:])]
+    args = pinned_command(args)
     env = {**os.environ, "RLVR_CACHE": str(cache), "HYDRA_FULL_ERROR": "0", **(extra_env or {})}
     return subprocess.run([RLVR, *args], capture_output=True, text=True, timeout=timeout, env=env)
 
@@ -139,8 +143,7 @@ def cli_here(args: list[str], cache: Path, cwd: Path | None = None) -> subproces
 
     from rlvr import cli
 
-    if args and args[0] in ("train", "sft", "eval"):
-        args = [args[0], *pinned(args[1:])]
+    args = pinned_command(args)
     out, err = io.StringIO(), io.StringIO()
     saved_argv, saved_env, saved_cwd = sys.argv, dict(os.environ), Path.cwd()
     saved_handlers, saved_level = logging.root.handlers[:], logging.root.level

@@ -47,10 +47,10 @@ def test_the_written_working_is_right_and_its_reward_counts_each_right_line():
     import random
 
     assert doctest.testmod(multiplication).failed == 0
-    rng = random.Random(0)
+    rng, task = random.Random(0), _task(levels=[[4, 2]])
     for _ in range(200):
         a, b = rng.randrange(1000, 10000), rng.randrange(10, 100)
-        prompt = _task(levels=[[4, 2]])._prompt(a, b, 0)
+        prompt = task._prompt(a, b, 0)
         lines = written_out(a, b).splitlines()
         assert lines[-1] == f"<answer>{a * b}</answer>"
         for line in lines[:-1]:
