@@ -112,6 +112,7 @@ def build(cfg: TrainConfig, run_dir: Path, training: bool = True, wrap_task=None
         # it is written to only once everything that can fail on bad input has passed.
         distributed.on_rank0(rundir.refuse, run_dir, resume, cfg.trainer.overwrite, auto)
         learner = _learner(cfg, model_path, resume, device, precision)
+        log.info("learner: %s", learner.describe(cold_start=wrap_task is not None))
         # Every prompt is checked against the engine's context before the engine starts.
         fit = PromptFit(learner.policy.tokenizer, cfg.rollout.max_model_len, cfg.rollout.max_tokens, tools)
         run = Run(cfg, device, precision, model_path, task, rewards, learner.policy.tokenizer, fit,

@@ -186,20 +186,23 @@ def _steps(run_dir: Path) -> list[dict]:
 
 @pytest.mark.slow
 def test_rlvr_sft_learns_the_demonstrations_and_rlvr_train_starts_from_its_model(tmp_path, cache_dir):
-    """Four chat rows, shown every step: the loss falls; the engine serves every step's weights; the
-    model it writes is where RL starts."""
+    """Four chat rows, shown every step: the loss falls; the engine takes the weights of each step that an
+    evaluation follows, and serves them exactly; the model it writes is where RL starts."""
     data = _write(tmp_path / "demos.jsonl", [
         {"messages": [{"role": "user", "content": f"What is {a} * {b}?"},
                       {"role": "assistant", "content": f"<answer>{a * b}</answer>"}]} for a, b in TAUGHT])
     run_dir = tmp_path / "sft"
-    result = run_cli(["sft", *SFT, f"sft.data={data}", "sft.batch_size=4", f"hydra.run.dir={run_dir}"], cache=cache_dir)
+    result = run_cli(["sft", *SFT, f"sft.data={data}", "sft.batch_size=4", "sft.eval_every=4", f"hydra.run.dir={run_dir}"],
+                     cache=cache_dir)
     assert result.returncode == 0, result.stderr[-3000:]
+    assert "packing off (sft.packing=False" in result.stdout + result.stderr  # the learner said in the cold start's words
     steps = _steps(run_dir)
     assert [s["step"] for s in steps] == list(range(1, 7))
     assert steps[-1]["loss"] < 0.8 * steps[0]["loss"]  # it learns the demonstrations (6.2 -> 4.3 here)
-    assert all(s["sync/logprob_max_diff"] < 1e-3 for s in steps)  # the engine serves each step's weights
+    synced = [s for s in steps if "sync/logprob_max_diff" in s]  # the steps an evaluation follows, and only those
+    assert [s["step"] for s in synced] == [4, 6] and all(s["sync/logprob_max_diff"] < 1e-3 for s in synced)
     evals = [r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if "eval/accuracy" in r]
-    assert [e["step"] for e in evals] == [0, 6]
+    assert [e["step"] for e in evals] == [0, 4, 6]
     assert (run_dir / "curves.png").is_file() and (run_dir / "model" / "config.json").is_file()
     rl = run_cli(["train", *RECIPE, "sft.steps=0", "model=local", f"model.path={run_dir / 'model'}",
                   f"hydra.run.dir={tmp_path / 'rl'}"], cache=cache_dir)

@@ -157,37 +157,32 @@ def _prompt(a: int, b: int):
 
 @pytest.fixture(scope="module")
 def tool_model(tmp_path_factory, tiny_path) -> Path:
-    """The tiny model after ~100 steps of supervised training on three conversations in which it
-    calls the calculator and then answers with its result."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    """The tiny model after 120 steps of the cold start's own update (`rlvr.sft`: its token ids and
+    masks, `Learner.imitate`) on three conversations in which it calls the calculator and then answers
+    with its result."""
+    from transformers import AutoTokenizer
 
+    from rlvr.learner import Learner
+    from rlvr.sft import Demonstrations, stage_config
+
+    folder = tmp_path_factory.mktemp("tool_model")
+    rows = [{"messages": [*_prompt(a, b).messages,
+                          {"role": "assistant", "content": "", "tool_calls": [
+                              {"function": {"name": "calculator", "arguments": {"expression": f"{a} * {b}"}}}]},
+                          {"role": "tool", "content": str(a * b)},
+                          {"role": "assistant", "content": f"<answer>{a * b}</answer>"}]} for a, b in TAUGHT]
+    (folder / "demos.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = stage_config(compose_config(["tools=calculator", f"sft.data={folder / 'demos.jsonl'}", "sft.lr=3e-3",
+                                       "sft.warmup_steps=0"]))
     tok = AutoTokenizer.from_pretrained(tiny_path)
-    cfg = compose_config(["tools=calculator"])
-    box = build_tools(cfg.tools, cfg.rollout)  # the prompts see the calculator of configs/tools/
-    turns = ToolRollouts(None, tok, box, 64, 3, None, 1024)
-    rows = []
-    for a, b in TAUGHT:
-        call = f'<tool_call>{{"name": "calculator", "arguments": {{"expression": "{a} * {b}"}}}}</tool_call>'
-        parts = [(render(tok, _prompt(a, b), box), 0), (tok(call, add_special_tokens=False).input_ids, 1),
-                 (turns.tool_turn_ids(str(a * b)), 0),
-                 (tok(f"<answer>{a * b}</answer><|im_end|>", add_special_tokens=False).input_ids, 1)]
-        rows.append(([t for ids, _ in parts for t in ids], [m for ids, m in parts for _ in ids]))
+    demos = Demonstrations(TASK, cfg, tok, build_tools(cfg.tools, cfg.rollout))  # the calculator of configs/tools/
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_pretrained(tiny_path)
-    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
-    width = max(len(r[0]) for r in rows)  # right-padded; the pads carry no weight
-    ids = torch.tensor([r[0] + [tok.pad_token_id] * (width - len(r[0])) for r in rows])
-    weight = torch.tensor([r[1][1:] + [0] * (width - len(r[0])) for r in rows], dtype=torch.float)
+    learner = Learner(tiny_path, cfg.optim, cfg.algorithm, cfg.learner, 1.0, 64, "cpu")
     for _ in range(120):
-        logits = model(ids).logits[:, :-1]
-        loss = (torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none") * weight).sum() / weight.sum()
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-    assert loss.item() < 0.1
-    path = tmp_path_factory.mktemp("tool_model")
-    model.save_pretrained(path)
-    tok.save_pretrained(path)
+        loss = learner.imitate(make_batch(demos.next(len(rows)), learner.policy.pad_id))["loss"]
+    assert loss < 0.1
+    path = folder / "model"
+    learner.policy.save(path)
     return path
 
 
