@@ -54,7 +54,7 @@ def run_steps(run: Run, run_dir: Path, step: Callable[[int, Watch], dict[str, fl
             raise SystemExit(128 + stop.signal)
         for k in range(run.start + 1, t.max_steps + 1):
             record = step(k, watch)
-            if t.eval_every and k % t.eval_every == 0 and k < t.max_steps:
+            if evaluation_follows(t, k) and k < t.max_steps:  # (the last step's: the final evaluation below)
                 logger.log(k, evaluate(run))
             saved = None
             if t.save_every and (k % t.save_every == 0 or k == t.max_steps):
@@ -83,6 +83,11 @@ def run_steps(run: Run, run_dir: Path, step: Callable[[int, Watch], dict[str, fl
     finally:
         stop.restore()
         run.close()
+
+
+def evaluation_follows(trainer, step: int) -> bool:
+    """Whether the held-out evaluation runs after `step`: every `trainer.eval_every` steps and after the last."""
+    return step == trainer.max_steps or bool(trainer.eval_every and step % trainer.eval_every == 0)
 
 
 def sync(run: Run) -> tuple[float, float, float]:

@@ -232,9 +232,9 @@ def sft_step(run, step: int, watch) -> dict[str, float]:
     logged and checked by `watch`. The engine only evaluates here (it samples nothing to learn from), so
     the new weights go into it (checked, as RL's are) only on a step that an evaluation follows."""
     from rlvr.learner import make_batch
-    from rlvr.loop import sync
+    from rlvr.loop import evaluation_follows, sync
 
-    learner, t0, t = run.learner, time.perf_counter(), run.cfg.trainer
+    learner, t0 = run.learner, time.perf_counter()
     demos = run.task.next(run.cfg.sft.batch_size)
     first, last = distributed.share(len(demos))  # across processes each rank learns on its share
     # Sorted by length: each micro-batch's rows are alike, so padded rows waste little (sft.packing=false).
@@ -243,8 +243,7 @@ def sft_step(run, step: int, watch) -> dict[str, float]:
     t_learn = time.perf_counter()
     learn = learner.imitate(batch)
     t_learn = time.perf_counter() - t_learn
-    synced = step == t.max_steps or bool(t.eval_every and step % t.eval_every == 0)
-    t_sync, t_canary, diff = sync(run) if synced else (0.0, 0.0, None)  # the new weights into the engine, checked
+    t_sync, t_canary, diff = sync(run) if evaluation_follows(run.cfg.trainer, step) else (0.0, 0.0, None)
     step_s = time.perf_counter() - t0
     record = {**learn, "time/learn_s": t_learn, "time/sync_s": t_sync, "time/canary_s": t_canary, "time/step_s": step_s,
               "sft/tokens_per_s": learn["learn/tokens"] / t_learn if t_learn else 0.0}

@@ -60,20 +60,18 @@ class Learner:
         # own logprobs, with TIS weights capped at 2, unless algorithm.tis_cap says otherwise.
         self.tis_cap = algorithm.tis_cap if algorithm.tis_cap is not None or not bf16 else 2.0
         self.objective = PolicyLossConfig.of(algorithm)
-        self.device, self.bf16, self.learner_cfg = device, bf16, learner
+        self.learner_cfg = learner
 
     def describe(self, cold_start: bool = False) -> str:
         """What the learner does and why, for the log: precision, the shared-prefix forward (in a cold
         start: packing, `sft.packing`), compilation and, in RL, the TIS cap chosen for bf16."""
         sc, po, learner = self.scorer, self.policy, self.learner_cfg
-        forward = (f"packing {'on' if sc.shared_prefix else 'off'} (sft.packing={learner.shared_prefix}: "
-                   f"{sc.shared_prefix_why})" if cold_start else
-                   f"shared-prefix forward {'on' if sc.shared_prefix else 'off'} (learner.shared_prefix="
-                   f"{learner.shared_prefix}: {sc.shared_prefix_why})")
+        forward, key = ("packing", "sft.packing") if cold_start else ("shared-prefix forward", "learner.shared_prefix")
         tis = "; TIS cap 2.0 for the bf16 mismatch" if self.tis_cap != self.algo.tis_cap and not cold_start else ""
-        return (f"{self.device}, {'bf16-mixed' if self.bf16 else 'fp32'} (float32 master weights); {forward}; decoder layers "
-                f"{'compiled, the first step compiling them' if po.compiled else 'eager'} (learner.compile="
-                f"{learner.compile}: {po.compile_why}){tis}")
+        return (f"{po.device}, {'bf16-mixed' if sc.bf16 else 'fp32'} (float32 master weights); {forward} "
+                f"{'on' if sc.shared_prefix else 'off'} ({key}={learner.shared_prefix}: {sc.shared_prefix_why}); "
+                f"decoder layers {'compiled, the first step compiling them' if po.compiled else 'eager'} "
+                f"(learner.compile={learner.compile}: {po.compile_why}){tis}")
 
     def state_dict(self) -> dict:
         """What a checkpoint's trainer.pt keeps of the learner: its LR schedule. (The weights:
