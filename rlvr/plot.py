@@ -65,20 +65,35 @@ def series(records: list[dict], key: str) -> tuple[list[int], list[float]]:
 
 def plot(run_dirs: list[Path], out: Path) -> Path:
     """Draw the curves of `run_dirs` into the PNG file `out`."""
+    fig = figure(run_dirs)  # (first: it picks the file-only backend before pyplot loads)
+    import matplotlib.pyplot as plt
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=80)
+    plt.close(fig)
+    return out
+
+
+def figure(run_dirs: list[Path]):
+    """The figure of `plot`: one panel per metric, each run in its own colour in every panel (a run that
+    lacks a metric leaves its colour unused there, never handed to the next run), one legend of all runs."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only, no screen
     import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
 
     runs = list(zip(run_labels(run_dirs), [read_metrics(d) for d in run_dirs], strict=True))
+    palette = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    colours = [palette[i % len(palette)] for i in range(len(runs))]
     fig, axes = plt.subplots(2, 6, figsize=(26, 8), constrained_layout=True)
     for ax, (key, title) in zip(axes.flat, PANELS, strict=False):
         drawn = False
-        for label, records in runs:
+        for (label, records), colour in zip(runs, colours, strict=True):
             steps, values = series(records, key)
             if values:  # (a marker for evaluations, and for a metric logged once or twice: a line alone shows nothing)
                 marker = "o" if key.startswith("eval/") or len(values) <= 2 else None
-                ax.plot(steps, values, marker=marker, markersize=3, label=textwrap.fill(label, 70))
+                ax.plot(steps, values, marker=marker, markersize=3, color=colour, label=textwrap.fill(label, 70))
                 drawn = True
         if not drawn:
             ax.text(0.5, 0.5, "not logged in these runs", ha="center", va="center", transform=ax.transAxes)
@@ -96,14 +111,10 @@ def plot(run_dirs: list[Path], out: Path) -> Path:
     ax.set_title("seconds per step" + (f"\n({textwrap.shorten(label, 45)})" if len(runs) > 1 else ""), fontsize=10)
     ax.set_xlabel("step")
     ax.legend(fontsize=8)
-    handles, names = next((h for h in (a.get_legend_handles_labels() for a in axes.flat[:len(PANELS)]) if h[0]),
-                          ([], []))
-    if handles:
-        fig.legend(handles, names, loc="outside lower center", ncol=min(len(names), 4), fontsize=9)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=80)
-    plt.close(fig)
-    return out
+    handles = [Line2D([], [], color=colour, label=textwrap.fill(label, 70))
+               for (label, _), colour in zip(runs, colours, strict=True)]
+    fig.legend(handles=handles, loc="outside lower center", ncol=min(len(handles), 4), fontsize=9)
+    return fig
 
 
 def default_out(run_dirs: list[Path]) -> Path:
