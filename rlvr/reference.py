@@ -155,6 +155,17 @@ def table(group: str, option: str, keys: list[tuple[str, Any]]) -> list[str]:
     return lines
 
 
+def reward_terms_table() -> list[str]:
+    """Each `reward=` option's terms, with their functions and weights, and its correct term."""
+    lines = ["| option | terms: function (weight) | `correct_term` |", "|---|---|---|"]
+    for option in options("reward"):
+        values, _ = _yaml_with_bases("reward", option)
+        terms = "; ".join(f"`{name}`: `{term['_target_']}` ({term['weight']:g})"
+                          for name, term in values.get("terms", {}).items())
+        lines.append(f"| `{option}` | {terms} | `{values.get('correct_term')}` |")
+    return lines
+
+
 def options(group: str) -> list[str]:
     return group_options(group, [CONFIGS])
 
@@ -177,8 +188,10 @@ def render() -> str:
                 out += [f"### data={label}", "", *table("data", option, fields(data_schema)), ""]
             continue
         if group == "reward":
-            out += ["Every option sets `reward.terms.NAME: {_target_, weight, kwargs}` and `reward.correct_term`; the",
-                    "settings below are shared.", ""]
+            out += ["Every option sets `reward.terms.NAME: {_target_, weight, kwargs}` and `reward.correct_term`:",
+                    "", *reward_terms_table(), "",
+                    "Drop a term with `'~reward.terms.NAME'`, change its weight with `reward.terms.NAME.weight=W`, add",
+                    "one with `+reward.terms.NAME._target_=...` (docs/rewards.md). The settings below are shared.", ""]
         out += [*table(group, default, [(k, t) for k, t in fields(schema) if k != "terms"]), ""]
     out += ["## Run-wide keys", "", "| key | type | default | what it does |", "|---|---|---|---|"]
     notes, values = comments(CONFIGS / "train.yaml"), yaml_values(CONFIGS / "train.yaml")

@@ -268,6 +268,21 @@ def test_a_reward_that_does_not_import_is_reported_once(tmp_path):
     assert "Traceback" not in result.stderr
 
 
+def test_a_reward_package_that_is_not_importable_gets_one_line_with_the_fix(tmp_path):
+    """The README's own reward, run from a folder where `my_pkg` is neither installed nor on PYTHONPATH:
+    one line that names the missing package and both fixes (Hydra's own text ran over three lines and
+    ended in a question)."""
+    result = cli_here(["train", "reward=exact", "+reward.terms.loud._target_=my_pkg.rewards.shouting",
+                       "+reward.terms.loud.weight=0.1", "model=local", f"model.path={tmp_path}/absent",
+                       f"hydra.run.dir={tmp_path}/run"], cache=tmp_path)
+    assert result.returncode == 1
+    errors = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(errors) == 1, result.stderr
+    assert "reward.terms.loud._target_='my_pkg.rewards.shouting' cannot be imported: no module named 'my_pkg'" \
+        in errors[0]
+    assert "pip install -e" in errors[0] and "PYTHONPATH=." in errors[0] and "Are you sure" not in errors[0]
+
+
 @pytest.mark.parametrize("group", ["local", "smollm2"])  # smollm2 builds its folder, but only in the cache
 def test_missing_model_folder_is_named(tmp_path, group):
     result = cli_here(["train", f"model={group}", f"model.path={tmp_path}/absent", f"hydra.run.dir={tmp_path}/run"],

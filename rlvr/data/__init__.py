@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Protocol
 
 from rlvr.config import TrainConfig, task_options
-from rlvr.errors import RlvrError
+from rlvr.errors import RlvrError, import_failure
 from rlvr.types import Prompt
 
 
@@ -79,7 +79,8 @@ def build_task(cfg: TrainConfig, model_path: Path | None = None) -> Task:
     try:
         cls = get_class(cfg.data._target_)
     except Exception as e:  # hydra wraps the import error
-        raise TaskError(f"data._target_={cfg.data._target_!r} cannot be imported: {e}") from e
+        raise TaskError(f"data._target_={cfg.data._target_!r} cannot be imported: "
+                        f"{import_failure(cfg.data._target_, e)}") from e
     kwargs = task_options(cfg.data)
     params = inspect.signature(cls).parameters
     unknown = sorted(k for k in kwargs if k not in params) if not any(

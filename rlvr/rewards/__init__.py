@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 from hydra.utils import get_method
 
 from rlvr.config import Combine, RewardConfig
-from rlvr.errors import RlvrError
+from rlvr.errors import RlvrError, import_failure
 from rlvr.rewards.pool import Call, Outcome, RewardPool
 from rlvr.timeout import call_with_timeout
 from rlvr.types import Rollout
@@ -88,7 +88,8 @@ class Rewards:
             try:
                 fn = get_method(term._target_)
             except Exception as e:  # hydra wraps the import error; say which term and path
-                raise RewardError(f"reward.terms.{name}._target_={term._target_!r} cannot be imported: {e}") from e
+                raise RewardError(f"reward.terms.{name}._target_={term._target_!r} cannot be imported: "
+                                  f"{import_failure(term._target_, e)}") from e
             kwargs = dict(term.kwargs)
             self.weights[name] = term.weight
             if inspect.isclass(fn):

@@ -29,7 +29,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from rlvr.errors import RlvrError
+from rlvr.errors import RlvrError, import_failure
 from rlvr.timeout import call_with_timeout
 
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
@@ -71,7 +71,8 @@ def load_tools(specs: DictConfig | dict) -> dict[str, Tool]:
         try:
             fn = get_method(spec["_target_"])
         except Exception as e:
-            raise ToolConfigError(f"{key}._target_={spec['_target_']!r} cannot be imported: {e}") from e
+            raise ToolConfigError(f"{key}._target_={spec['_target_']!r} cannot be imported: "
+                                  f"{import_failure(spec['_target_'], e)}") from e
         if not isinstance(spec.get("description"), str) or not spec["description"].strip():
             raise ToolConfigError(f"{key}.description must say what the tool does (the model reads it)")
         parameters = OmegaConf.to_container(spec.parameters) if isinstance(spec.get("parameters"), DictConfig) \
