@@ -29,7 +29,7 @@ from pathlib import Path
 from rlvr import distributed
 from rlvr.config import TrainConfig
 from rlvr.data import Task
-from rlvr.data.files import DataError, read_rows
+from rlvr.data.files import DataError, read_located
 from rlvr.errors import RlvrError
 from rlvr.prompts import render
 from rlvr.rollout.multiturn import between_turns
@@ -62,10 +62,10 @@ def stage_config(cfg: TrainConfig) -> TrainConfig:
     )
 
 
-def from_row(row: dict, row_no: int, where: str, s) -> Demonstration:
+def from_row(row: dict, at: str, s) -> Demonstration:
     """The demonstration of a dataset row: its conversation (`sft.messages_key`), or a user message and
-    the assistant's answer (`sft.prompt_key`, `sft.completion_key`). Raises SftDataError naming the row."""
-    at = f"{where}, row {row_no}"
+    the assistant's answer (`sft.prompt_key`, `sft.completion_key`). Raises SftDataError naming the row
+    (`at`: the file and the row's line, e.g. "sft.data='d.jsonl', line 4")."""
     if s.messages_key in row:
         messages = row[s.messages_key]
         if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
@@ -117,16 +117,17 @@ class Demonstrations:
                                    "demonstrations; give sft.data the path of a dataset of demonstrations")
             self.rows = None
             state = task.state_dict()
-            self._encode(task.demonstrations(s.batch_size), "the task's demonstrations")  # a sample, checked
+            self._encode(task.demonstrations(s.batch_size))  # a sample, checked
             task.load_state_dict(state)
             return
         try:
-            rows = read_rows(s.data, s.format)
+            rows = read_located(s.data, s.format)
         except DataError as e:
             raise SftDataError(f"sft.data: {e}") from e
         if not rows:
             raise SftDataError(f"sft.data={s.data!r}: the file has no rows")
-        demos = [from_row(row, k, f"sft.data={s.data!r}", s) for k, row in enumerate(rows)]
+        where = [f"sft.data={s.data!r}, {at}" for at, _ in rows]
+        demos = [from_row(row, at, s) for at, (_, row) in zip(where, rows, strict=True)]
         held_out = {json.dumps(p.messages[-1]["content"]) for p in task.eval_prompts()}
         kept = [k for k, d in enumerate(demos) if json.dumps(d.prompt.messages[-1]["content"]) not in held_out]
         self.rows = [demos[k] for k in kept]
@@ -136,7 +137,7 @@ class Demonstrations:
                         len(demos))
         if not self.rows:
             raise SftDataError(f"sft.data={s.data!r}: every row asks a held-out prompt of the task")
-        self.encoded = self._encode(self.rows, f"sft.data={s.data!r}", kept)
+        self.encoded = self._encode(self.rows, [where[k] for k in kept])
         log.info("cold start: %d demonstrations from %s, %d tokens in all", len(self.rows), s.data,
                  sum(len(r.prompt_ids) + len(r.completion_ids) for r in self.encoded))
 
@@ -153,13 +154,13 @@ class Demonstrations:
             raise SftDataError("the model's chat template drops tool messages (a tool's result would not reach the "
                                "model); use a model whose template renders role 'tool'")
 
-    def _encode(self, demos: list[Demonstration], where: str, rows: list[int] | None = None) -> list[Rollout]:
+    def _encode(self, demos: list[Demonstration], where: list[str] | None = None) -> list[Rollout]:
         """Token ids of `demos`, as the rollouts would hold the same answers (module docstring); an error
-        names the demonstration's row (`rows`: the file's row of each, default its index)."""
+        names the demonstration (`where`: the file and line of each; default, the task's k-th)."""
         end = between_turns(self.tokenizer, self.tools, [])[:1]  # the token that ends the assistant's turn
         out = []
         for i, d in enumerate(demos):
-            k = rows[i] if rows is not None else i
+            at = where[i] if where is not None else f"the task's demonstration {i + 1}"
             prompt_ids = render(self.tokenizer, d.prompt, self.tools)
             ids: list[int] = []
             mask: list[int] = []
@@ -170,12 +171,12 @@ class Demonstrations:
                     continue
                 if pending:
                     if self.tools is None and any(m["role"] == "tool" for m in pending):
-                        raise SftDataError(f"{where}, row {k}: a tool's result, but no tools are configured (the "
+                        raise SftDataError(f"{at}: a tool's result, but no tools are configured (the "
                                            "rollouts could never call one); add them, e.g. tools=calculator")
                     try:
                         between = between_turns(self.tokenizer, self.tools, pending)
                     except Exception as e:
-                        raise SftDataError(f"{where}, row {k}: the chat template cannot render its "
+                        raise SftDataError(f"{at}: the chat template cannot render its "
                                            f"{pending[0]['role']} message ({e})") from e
                     ids += between
                     mask += [0] * len(between)
@@ -186,17 +187,17 @@ class Demonstrations:
             ids += end
             mask += [1] * len(end)
             if len(prompt_ids) + len(ids) > self.max_len:
-                raise SftDataError(f"{where}, row {k}: {len(prompt_ids) + len(ids)} tokens under the chat template, "
+                raise SftDataError(f"{at}: {len(prompt_ids) + len(ids)} tokens under the chat template, "
                                    f"longer than the context rollout.max_model_len={self.max_len}; raise it or "
                                    "shorten the row")
-            out.append(Rollout(d.prompt, k, prompt_ids, ids, [0.0] * len(ids), turn["content"], "stop",
+            out.append(Rollout(d.prompt, i, prompt_ids, ids, [0.0] * len(ids), turn["content"], "stop",
                                completion_mask=mask, conversation=d.turns))
         return out
 
     def next(self, n: int) -> list[Rollout]:
         """The next `n` demonstrations as token ids (every process draws the same)."""
         if self.rows is None:
-            return self._encode(self.task.demonstrations(n), "the task's demonstrations")
+            return self._encode(self.task.demonstrations(n))
         out = []
         for _ in range(n):
             epoch, k = divmod(self.position, len(self.encoded))

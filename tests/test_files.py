@@ -86,9 +86,12 @@ def test_messages_column_and_per_row_system(tmp_path):
 
 
 @pytest.mark.parametrize("content, fmt, message", [
-    ([{"question": "a", "answer": "1"}, {"question": "b"}], "jsonl", r"rows.jsonl, row 2: column 'answer' is missing"),
-    ([{"question": "a", "answer": "1"}, {"q": "b", "answer": "2"}], "jsonl", r"row 2: column 'question' is missing"),
-    ([{"question": "a", "answer": "1"}, {"question": "  ", "answer": "2"}], "csv", r"rows.csv, row 2: column 'question' is an empty prompt"),
+    ([{"question": "a", "answer": "1"}, {"question": "b"}], "jsonl", r"rows.jsonl, line 2: column 'answer' is missing"),
+    ([{"question": "a", "answer": "1"}, {"q": "b", "answer": "2"}], "jsonl", r"line 2: column 'question' is missing"),
+    # the line an editor shows: blank lines count
+    ('{"question": "a", "answer": "1"}\n\n\n{"q": "b", "answer": "2"}\n', "jsonl", r"rows.jsonl, line 4: column 'question'"),
+    # the header is line 1
+    ([{"question": "a", "answer": "1"}, {"question": "  ", "answer": "2"}], "csv", r"rows.csv, line 3: column 'question' is an empty prompt"),
     ([{"question": None, "answer": "1"}], "parquet", r"rows.parquet, row 1: column 'question' is missing"),
     ('{"question": "a", "answer": "1"}\n{"question": "b", "answer": \n', "jsonl", r"rows.jsonl, line 2: not valid JSON"),
     ('["a", "b"]\n', "jsonl", r"line 1: expected a JSON object, got list"),

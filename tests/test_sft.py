@@ -76,7 +76,8 @@ def test_task_demonstrations_never_show_a_held_out_problem():
 
 
 def _write(path: Path, rows: list) -> Path:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    """`rows` as JSONL; a row that is "" stands for a blank line."""
+    path.write_text("".join((json.dumps(r) if r != "" else "") + "\n" for r in rows))
     return path
 
 
@@ -92,7 +93,7 @@ def test_dataset_rows_asking_a_held_out_prompt_are_dropped(tmp_path, tiny_path, 
     # an error names the row of the file, whatever was dropped before it
     data = _write(tmp_path / "e.jsonl", [{"prompt": held, "completion": "<answer>1</answer>"},
                                          {"prompt": "What is 2 * 3?", "completion": "6 " * 300}])
-    with pytest.raises(SftDataError, match="row 1: "):
+    with pytest.raises(SftDataError, match="line 2: "):
         _demonstrations(tiny_path, ["+experiment=multiplication", f"sft.data={data}", "rollout.max_model_len=256"],
                         cache_dir)
 
@@ -102,18 +103,19 @@ CHAT = {"messages": [{"role": "user", "content": "What is 2 * 3?"}, {"role": "as
 
 @pytest.mark.parametrize("rows, overrides, error", [
     ([], [], "has no rows"),
-    ([{"messages": [{"role": "user", "content": "hi"}]}], [], "row 0: no assistant message"),
-    ([CHAT, {"text": "hi"}], [], r"row 1: no column 'messages' \(sft.messages_key\)"),
+    ([{"messages": [{"role": "user", "content": "hi"}]}], [], "demos.jsonl', line 1: no assistant message"),
+    # the line a user opens in an editor, as the data loader's messages count (blank lines too)
+    ([CHAT, "", {"text": "hi"}], [], r"line 3: no column 'messages' \(sft.messages_key\)"),
     ([CHAT, {"messages": [*CHAT["messages"], {"role": "user", "content": "and?"}]}], [],
-     "row 1: the conversation ends with a user message"),
+     "line 2: the conversation ends with a user message"),
     ([CHAT, {"messages": [CHAT["messages"][0], {"role": "assistant", "content": "6 " * 300}]}],
-     ["rollout.max_model_len=256"], r"row 1: \d+ tokens under the chat template, longer than the context "
+     ["rollout.max_model_len=256"], r"line 2: \d+ tokens under the chat template, longer than the context "
                                     r"rollout.max_model_len=256"),
     ([{"messages": [{"role": "bot", "content": "6"}]}], [], "role must be one of"),
     ([{"messages": [CHAT["messages"][0], {"role": "assistant", "content": "", "tool_calls": [
         {"function": {"name": "calculator", "arguments": '{"expression": "2 * 3"}'}}]},
         {"role": "tool", "content": "6"}, {"role": "assistant", "content": "<answer>6</answer>"}]}], [],
-     "row 0: a tool's result, but no tools are configured"),
+     "line 1: a tool's result, but no tools are configured"),
 ])
 def test_bad_demonstrations_fail_before_the_model_loads_naming_the_row(rows, overrides, error, tmp_path, cache_dir):
     data = _write(tmp_path / "demos.jsonl", rows)

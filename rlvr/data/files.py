@@ -56,6 +56,13 @@ def detect_format(path: str) -> str:
 
 def read_rows(path: str, format: str = "auto", split: str | None = None) -> list[dict]:
     """The rows of a dataset as dicts, in file order."""
+    return [row for _, row in read_located(path, format, split)]
+
+
+def read_located(path: str, format: str = "auto", split: str | None = None) -> list[tuple[str, dict]]:
+    """The rows of a dataset, in file order, each with where it is as an error names it: "line N" in a
+    JSONL or CSV file (the line an editor shows: blank lines and the CSV header counted), "row N" from 1
+    in a JSON list, a Parquet file or a `datasets` folder."""
     format = detect_format(path) if format == "auto" else format
     if format not in FORMATS:
         raise DataError(f"data.format must be one of {FORMATS}, got {format!r}")
@@ -68,11 +75,12 @@ def read_rows(path: str, format: str = "auto", split: str | None = None) -> list
                 if not line.strip():
                     continue
                 try:
-                    rows.append(json.loads(line))
+                    row = json.loads(line)
                 except ValueError as e:
                     raise DataError(f"{path}, line {line_no}: not valid JSON ({e})") from None
-                if not isinstance(rows[-1], dict):
-                    raise DataError(f"{path}, line {line_no}: expected a JSON object, got {type(rows[-1]).__name__}")
+                if not isinstance(row, dict):
+                    raise DataError(f"{path}, line {line_no}: expected a JSON object, got {type(row).__name__}")
+                rows.append((f"line {line_no}", row))
         return rows
     if format == "json":
         try:
@@ -88,18 +96,23 @@ def read_rows(path: str, format: str = "auto", split: str | None = None) -> list
             data = lists[key]
         if not isinstance(data, list) or not all(isinstance(r, dict) for r in data):
             raise DataError(f"{path}: expected a list of JSON objects (one per row)")
-        return data
+        return _numbered(data)
     if format == "csv":
         with open(path, encoding="utf-8", newline="") as f:
-            return list(csv.DictReader(f))
+            reader = csv.DictReader(f)
+            return [(f"line {reader.line_num}", row) for row in reader]  # (the row's last line, if it spans several)
     if format == "parquet":
         import pyarrow.parquet as pq
 
         try:
-            return pq.read_table(path).to_pylist()
+            return _numbered(pq.read_table(path).to_pylist())
         except Exception as e:  # pyarrow raises ArrowInvalid on a damaged file
             raise DataError(f"{path}: not a readable Parquet file ({e})") from None
-    return _read_hf(path, split)
+    return _numbered(_read_hf(path, split))
+
+
+def _numbered(rows: list[dict]) -> list[tuple[str, dict]]:
+    return [(f"row {k}", row) for k, row in enumerate(rows, 1)]
 
 
 def _read_hf(path: str, split: str | None) -> list[dict]:
@@ -134,10 +147,11 @@ class DatasetTask:
             raise DataError(f"data.prompt_template must contain {{prompt}}: {prompt_template!r}")
         self.keys = {"prompt": prompt_key, "answer": answer_key, "messages": messages_key, "system": system_key}
         self.system_prompt, self.template = system_prompt, prompt_template
-        rows = read_rows(path, format, split)
-        prompts = [self._prompt(row, path, i) for i, row in enumerate(rows, 1)]
+        rows = read_located(path, format, split)
+        prompts = [self._prompt(row, f"{path}, {at}", i) for i, (at, row) in enumerate(rows, 1)]
         if eval_path is not None:
-            eval_prompts = [self._prompt(row, eval_path, i) for i, row in enumerate(read_rows(eval_path, format, eval_split), 1)]
+            prompts_at = read_located(eval_path, format, eval_split)
+            eval_prompts = [self._prompt(row, f"{eval_path}, {at}", i) for i, (at, row) in enumerate(prompts_at, 1)]
         else:
             if len(prompts) < 2:
                 raise DataError(f"{path} has {len(prompts)} row(s): too few to hold out any for evaluation and train on "
@@ -157,27 +171,29 @@ class DatasetTask:
         self.order: list[int] = []
         self.position, self.epoch = 0, 0
 
-    def _prompt(self, row: dict, path: str, row_no: int) -> Prompt:
+    def _prompt(self, row: dict, where: str, row_no: int) -> Prompt:
+        """The prompt of `row` (`where`: the file and the row's line, for errors; `row_no`: its place in the
+        file's rows, from 1, kept as meta["row"])."""
         def column(key: str) -> object:
             if key not in row or row[key] is None:
-                raise DataError(f"{path}, row {row_no}: column {key!r} is missing (columns: {sorted(row)})")
+                raise DataError(f"{where}: column {key!r} is missing (columns: {sorted(row)})")
             return row[key]
 
         if self.keys["messages"] is not None:
             messages = column(self.keys["messages"])
             if (not isinstance(messages, list) or not messages
                     or not all(isinstance(m, dict) and {"role", "content"} <= m.keys() for m in messages)):
-                raise DataError(f"{path}, row {row_no}: column {self.keys['messages']!r} must be a non-empty list of "
+                raise DataError(f"{where}: column {self.keys['messages']!r} must be a non-empty list of "
                                 "{'role': ..., 'content': ...} messages")
             messages = [{"role": m["role"], "content": m["content"]} for m in messages]
             while messages and messages[-1]["role"] == "assistant":  # a reference reply is not part of the prompt
                 messages.pop()
             if not messages:
-                raise DataError(f"{path}, row {row_no}: column {self.keys['messages']!r} holds no user message")
+                raise DataError(f"{where}: column {self.keys['messages']!r} holds no user message")
         else:
             text = str(column(self.keys["prompt"]))
             if not text.strip():
-                raise DataError(f"{path}, row {row_no}: column {self.keys['prompt']!r} is an empty prompt")
+                raise DataError(f"{where}: column {self.keys['prompt']!r} is an empty prompt")
             messages = [{"role": "user", "content": self.template.replace("{prompt}", text)}]
         system = str(column(self.keys["system"])) if self.keys["system"] is not None else self.system_prompt
         if system is not None and messages[0]["role"] != "system":
