@@ -474,3 +474,18 @@ def check(cfg: TrainConfig, training: bool = True) -> None:
     need(s.lr > 0, "sft.lr", "must be > 0")
     need(s.warmup_steps >= 0 and s.eval_every >= 0 and s.save_every >= 0, "sft.warmup_steps",
          "warmup_steps, eval_every and save_every must be >= 0")
+
+
+def short_warmup(steps: int, warmup: int, steps_key: str, warmup_key: str) -> str | None:
+    """The warning a stage of `steps` optimizer steps with `warmup` steps of linear warm-up deserves
+    when it never reaches its learning rate (the warm-up is longer than the stage), else None.
+
+    >>> print(short_warmup(5, 10, "sft.steps", "sft.warmup_steps"))
+    sft.warmup_steps=10 is longer than sft.steps=5: the learning rate never gets above 50% of its value (linear warm-up); set sft.warmup_steps to at most 5
+    >>> short_warmup(10, 10, "sft.steps", "sft.warmup_steps") is None
+    True
+    """
+    if steps < 1 or warmup <= steps:
+        return None
+    return (f"{warmup_key}={warmup} is longer than {steps_key}={steps}: the learning rate never gets above "
+            f"{steps / warmup:.0%} of its value (linear warm-up); set {warmup_key} to at most {steps}")

@@ -258,12 +258,14 @@ def sft_step(run, step: int, watch) -> dict[str, float]:
 
 def run_sft(cfg: TrainConfig, run_dir: Path) -> dict[str, float]:
     """`rlvr sft`: the cold start alone, into `run_dir` (its model in `run_dir/model`)."""
-    from rlvr.config import ConfigError
+    from rlvr.config import ConfigError, short_warmup
     from rlvr.loop import run_steps
     from rlvr.run import build
 
     if cfg.sft.steps < 1:
         raise ConfigError("sft.steps: rlvr sft needs >= 1 (the optimizer steps of the cold start)")
+    if warning := short_warmup(cfg.sft.steps, cfg.sft.warmup_steps, "sft.steps", "sft.warmup_steps"):
+        log.warning("cold start: %s", warning)
     t_start = time.perf_counter()
     run = build(stage_config(cfg), run_dir,
                 wrap_task=lambda task, tokenizer, tools: Demonstrations(task, cfg, tokenizer, tools))

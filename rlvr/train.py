@@ -31,7 +31,7 @@ import torch
 from rlvr import distributed
 from rlvr.algorithms import advantages
 from rlvr.algorithms.losses import kl_penalty, overlong_penalty
-from rlvr.config import TrainConfig
+from rlvr.config import TrainConfig, short_warmup
 from rlvr.data import Task
 from rlvr.learner import Learner, make_batch
 from rlvr.loop import Watch, run_steps, sync
@@ -190,6 +190,9 @@ def train(cfg: TrainConfig, run_dir: Path) -> dict[str, float]:
         from rlvr.sft import cold_start
 
         cfg = cold_start(cfg, run_dir / "sft")
+    if warning := short_warmup(cfg.trainer.max_steps, cfg.optim.warmup_steps, "trainer.max_steps",
+                               "optim.warmup_steps"):
+        log.warning("RL: %s", warning)
     t_start = time.perf_counter()
     run = build(cfg, run_dir)
     monitor = DegenerationMonitor([term for term in run.rewards.weights if term != cfg.reward.correct_term])

@@ -326,3 +326,13 @@ def test_a_tokenizer_without_chat_template_is_named(tmp_path, cache_dir, tiny_pa
     assert result.returncode == 1
     assert f"the tokenizer of model.path='{folder}' has no chat template" in result.stderr
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_doctests_of_config_and_errors():
+    import doctest
+
+    from rlvr import config, errors
+
+    for module in (config, errors):
+        result = doctest.testmod(module)
+        assert result.attempted > 0 and result.failed == 0, module.__name__

@@ -146,6 +146,21 @@ def test_a_task_without_demonstrations_is_named(tmp_path, cache_dir):
     assert result.returncode == 1 and "sft.data=task: the task FunctionPickingTask" in result.stderr, result.stderr[-2000:]
 
 
+@pytest.mark.parametrize("command, args, said", [
+    ("sft", ["sft.steps=5"], "cold start: sft.warmup_steps=10 is longer than sft.steps=5: the learning rate never "
+                             "gets above 50% of its value"),
+    ("train", ["trainer.max_steps=3", "optim.warmup_steps=4"],
+     "RL: optim.warmup_steps=4 is longer than trainer.max_steps=3: the learning rate never gets above 75%"),
+])
+def test_a_stage_shorter_than_its_warmup_is_warned_about_at_start(command, args, said, tmp_path, cache_dir):
+    """sft.warmup_steps defaults to 10: a 5-step cold start would train at half of sft.lr at most, silently.
+    (The model folder is missing, so the run stops right after the warning.)"""
+    result = cli_here([command, *TINY, *args, "model=local", f"model.path={tmp_path / 'absent'}",
+                       f"hydra.run.dir={tmp_path / 'run'}"], cache_dir)
+    assert result.returncode == 1 and "does not exist" in result.stderr, result.stderr[-2000:]
+    assert said in result.stderr and "set " in result.stderr
+
+
 def test_rlvr_sft_needs_steps(tmp_path, cache_dir):
     result = cli_here(["sft", *TINY, f"hydra.run.dir={tmp_path / 'run'}"], cache_dir)
     assert result.returncode == 1 and "sft.steps: rlvr sft needs >= 1" in result.stderr
