@@ -7,7 +7,8 @@
                              number of ranks loads it)
         trainer.pt           LR-scheduler state, torch RNG state (loaded with weights_only=True)
         trainer_state.json   step, task state (sampler position, curriculum), Python/NumPy RNG states,
-                             the rewards' state (failed calls so far)
+                             the rewards' state (failed calls so far); the stage that wrote it (rl or
+                             sft) and the run dir and command of the run it belongs to
         metrics.jsonl        the metrics up to this step (put back into the run dir on resume)
         files.json           the size and SHA-256 of every other file, as written (written last)
 
@@ -36,7 +37,7 @@ import numpy as np
 import torch
 
 from rlvr.errors import RlvrError
-from rlvr.rundir import CHECKPOINT_PREFIX, complete_checkpoints
+from rlvr.rundir import CHECKPOINT_PREFIX, complete_checkpoints, refuse_other_stage
 
 log = logging.getLogger("rlvr")
 
@@ -49,11 +50,19 @@ class CheckpointError(RlvrError, RuntimeError):
     """A checkpoint that cannot be used; the message names the folder and what is wrong."""
 
 
-def find(resume: str | None, run_dir: Path) -> Path | None:
+def find(resume: str | None, run_dir: Path, stage: str = "rl") -> Path | None:
     """The checkpoint `trainer.resume` asks for: None (start fresh), "auto" (the newest in the run
-    dir, or None when there is none) or a path. A path that is not a usable checkpoint raises."""
+    dir, or None when there is none) or a path. A path that is not a usable checkpoint, or one that
+    another stage wrote (a cold start's, for an RL run of `stage` "rl"), raises."""
     if resume is None:
         return None
+    found = _find(resume, run_dir)
+    if found is not None:
+        refuse_other_stage(found, stage)
+    return found
+
+
+def _find(resume: str, run_dir: Path) -> Path | None:
     if resume == "auto":
         found = complete_checkpoints(run_dir)
         damaged = []
@@ -156,8 +165,10 @@ def load_step(path: Path) -> int:
     return int(json.loads((path / "trainer_state.json").read_text())["step"])
 
 
-def save(run_dir: Path, step: int, learner, task, rewards, keep_last: int) -> Path:
+def save(run_dir: Path, step: int, learner, task, rewards, keep_last: int, written_by: dict | None = None) -> Path:
     """Write the checkpoint of `step` atomically, then prune to the newest `keep_last` (0: keep all).
+    `written_by`: the stage ("rl" or "sft") and the run it belongs to ({"stage", "run_dir", "command"}),
+    which a run of another stage refuses to resume from (rlvr.rundir.refuse_other_stage).
 
     On failure (a full disk, say) the temporary folder is removed, the previous checkpoints stay
     as they were, and the error is raised for the caller to report. Across processes every rank calls
@@ -175,10 +186,12 @@ def save(run_dir: Path, step: int, learner, task, rewards, keep_last: int) -> Pa
         if distributed.rank() == 0:
             shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return distributed.on_rank0(_write, tmp, final, run_dir, step, learner, weights, task, rewards, keep_last)
+    return distributed.on_rank0(_write, tmp, final, run_dir, step, learner, weights, task, rewards, keep_last,
+                                written_by or {})
 
 
-def save_or_report(run_dir: Path, step: int, learner, task, rewards, keep_last: int) -> Path | None:
+def save_or_report(run_dir: Path, step: int, learner, task, rewards, keep_last: int,
+                   written_by: dict | None = None) -> Path | None:
     """`save`, for the loop: a failed write (a full disk: OSError, SafetensorError or RuntimeError) is
     logged, naming the previous checkpoint, which is intact, and the run goes on (None). A collective's
     timeout is raised, not reported: a rank that never came must end the run (rlvr.launch), not make it
@@ -186,7 +199,7 @@ def save_or_report(run_dir: Path, step: int, learner, task, rewards, keep_last: 
     from rlvr import distributed
 
     try:
-        path = save(run_dir, step, learner, task, rewards, keep_last)
+        path = save(run_dir, step, learner, task, rewards, keep_last, written_by)
     except Exception as e:
         if distributed.timed_out(e):
             raise
@@ -203,7 +216,8 @@ def _temporary(folder: Path, name: str) -> str:
     return tempfile.mkdtemp(prefix=f".{name}.", dir=folder)
 
 
-def _write(tmp: Path, final: Path, run_dir: Path, step: int, learner, weights, task, rewards, keep_last: int) -> Path:
+def _write(tmp: Path, final: Path, run_dir: Path, step: int, learner, weights, task, rewards, keep_last: int,
+           written_by: dict) -> Path:
     try:
         learner.policy.save(tmp / "model", weights)
         if learner.policy.lora:
@@ -216,6 +230,8 @@ def _write(tmp: Path, final: Path, run_dir: Path, step: int, learner, weights, t
             "python_rng": _jsonable(random.getstate()),
             "numpy_rng": [np_state[0], np_state[1].tolist(), *np_state[2:]],
             "rewards": rewards.state_dict(),
+            "stage": written_by.get("stage", "rl"),
+            "written_by": {k: v for k, v in written_by.items() if k != "stage"},
         }
         (tmp / "trainer_state.json").write_text(json.dumps(state))
         shutil.copyfile(run_dir / "metrics.jsonl", tmp / "metrics.jsonl")

@@ -151,7 +151,7 @@ def main() -> None:
         try:
             check_overrides(rest, Path(CONFIG_DIR), _user_config_dirs(rest))
             if command in ("train", "sft"):
-                refuse_early(rest)
+                refuse_early(rest, "sft" if command == "sft" else "rl")
         except (ConfigError, RunDirError) as e:
             print(f"rlvr {command}: {e}", file=sys.stderr)
             sys.exit(1)

@@ -27,14 +27,16 @@ class TrainingError(RlvrError, RuntimeError):
 
 
 def run_steps(run: Run, run_dir: Path, step: Callable[[int, Watch], dict[str, float]], t_start: float,
-              what: str = "RL") -> dict[str, float]:
+              what: str = "RL", recipe_dir: Path | None = None) -> dict[str, float]:
     """The loop around a stage's `step` (RL's, or the cold start's, rlvr.sft), which runs step k, logs
     its record, has the `Watch` check it, and returns the record. First the proof that the engine serves
     the learner's weights and the first evaluation (or a resumed run's state); then the steps from `run.start + 1` to `trainer.max_steps`,
     with evaluations and checkpoints as `trainer.*` says and a clean stop on SIGINT/SIGTERM; then the
-    final evaluation, summary.json, curves.png and the model. Closes the run."""
+    final evaluation, summary.json, curves.png and the model. Closes the run. `recipe_dir`: the run dir of
+    the recipe this stage is the cold start of (a stopped stage says how to resume the whole recipe).
+    """
     t, learner, logger = run.cfg.trainer, run.learner, run.logger
-    watch = Watch(run, run_dir)
+    watch = Watch(run, run_dir, recipe_dir)
     stop = GracefulStop()
     try:
         run.canary.expect(learner.policy.named_weights(run.precision.engine_torch_dtype))
@@ -49,8 +51,8 @@ def run_steps(run: Run, run_dir: Path, step: Callable[[int, Watch], dict[str, fl
         if _stop_asked(stop):  # during the first evaluation: before any step starts
             log.warning("stopped by %s before step %d started; nothing more was trained. %s",
                         signal.Signals(stop.signal).name, run.start + 1,
-                        f"Continue with the same command plus trainer.resume={run.resume} hydra.run.dir={run_dir}"
-                        if run.resume else "")
+                        f"Continue with the same command plus {watch.resume_with(run.resume)}"
+                        if run.resume or recipe_dir else "")
             raise SystemExit(128 + stop.signal)
         for k in range(run.start + 1, t.max_steps + 1):
             record = step(k, watch)
@@ -61,9 +63,8 @@ def run_steps(run: Run, run_dir: Path, step: Callable[[int, Watch], dict[str, fl
                 saved = watch.save(k)
             if _stop_asked(stop):
                 saved = saved or watch.save(k)
-                log.warning("stopped after step %d by %s. Continue with the same command plus "
-                            "trainer.resume=%s hydra.run.dir=%s", k, signal.Signals(stop.signal).name,
-                            saved if saved else "auto", run_dir)
+                log.warning("stopped after step %d by %s. Continue with the same command plus %s", k,
+                            signal.Signals(stop.signal).name, watch.resume_with(saved))
                 raise SystemExit(128 + stop.signal)
 
         final_eval = evaluate(run)
@@ -118,10 +119,20 @@ class Watch:
     """What the loop checks and keeps after each step: the warnings a user should see, the samples
     it writes, the run of skipped updates that ends a run, and the checkpoints."""
 
-    def __init__(self, run: Run, run_dir: Path):
-        self.run, self.run_dir = run, run_dir
+    def __init__(self, run: Run, run_dir: Path, recipe_dir: Path | None = None):
+        self.run, self.run_dir, self.recipe_dir = run, run_dir, recipe_dir
         self.bad_steps = 0
         self.canary_warned = False
+        # what each checkpoint says of the run that wrote it (rlvr.rundir.refuse_other_stage reads it)
+        self.written_by = {"stage": run.stage, "run_dir": str(recipe_dir or run_dir),
+                           "command": "sft" if run.stage == "sft" and recipe_dir is None else "train"}
+
+    def resume_with(self, checkpoint: Path | None) -> str:
+        """The overrides that continue this run from `checkpoint` (None: the newest): in the cold start of
+        a recipe, the whole recipe's (its stage finds its own checkpoint)."""
+        if self.recipe_dir is not None:
+            return f"trainer.resume=auto hydra.run.dir={self.recipe_dir}"
+        return f"trainer.resume={checkpoint or 'auto'} hydra.run.dir={self.run_dir}"
 
     def after(self, step: int, m: StepMetrics, c: Any) -> None:
         """After an RL step (`c`: its rlvr.train.Collected): the warnings, the samples, the skipped updates."""
@@ -163,4 +174,4 @@ class Watch:
         """A checkpoint of `step`; a failed write is reported and the run goes on (None)."""
         run = self.run
         return checkpoint.save_or_report(self.run_dir, step, run.learner, run.task, run.rewards,
-                                         run.cfg.trainer.keep_last)
+                                         run.cfg.trainer.keep_last, self.written_by)

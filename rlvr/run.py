@@ -58,6 +58,7 @@ class Run:
     logger: Logger | NullLogger = NullLogger()
     resume: Path | None = None  # the checkpoint a resumed run continues from
     start: int = 0  # the last step already done (a resumed run's checkpoint's)
+    stage: str = "rl"  # "rl", or "sft": a cold start (its checkpoints say so; the other stage refuses them)
 
     def close(self) -> None:
         self.rewards.close()
@@ -106,7 +107,8 @@ def build(cfg: TrainConfig, run_dir: Path, training: bool = True, wrap_task=None
         random.seed(cfg.seed)
         np.random.seed(cfg.seed)
         torch.manual_seed(cfg.seed)
-        resume = checkpoint.find(cfg.trainer.resume, run_dir)
+        stage = "rl" if wrap_task is None else "sft"
+        resume = checkpoint.find(cfg.trainer.resume, run_dir, stage)
         auto = cfg.trainer.resume == "auto"
         # A run dir that holds another run is refused before the learner loads (every rank stops alike);
         # it is written to only once everything that can fail on bad input has passed.
@@ -116,7 +118,7 @@ def build(cfg: TrainConfig, run_dir: Path, training: bool = True, wrap_task=None
         # Every prompt is checked against the engine's context before the engine starts.
         fit = PromptFit(learner.policy.tokenizer, cfg.rollout.max_model_len, cfg.rollout.max_tokens, tools)
         run = Run(cfg, device, precision, model_path, task, rewards, learner.policy.tokenizer, fit,
-                  *fit.eval_prompts(task.eval_prompts()), learner=learner, resume=resume)
+                  *fit.eval_prompts(task.eval_prompts()), learner=learner, resume=resume, stage=stage)
         fit.probe(task, cfg.data.batch_size)
         distributed.on_rank0(rundir.prepare, run_dir, resume, cfg.trainer.overwrite, auto)  # the first write
         run.logger = Logger(run_dir, cfg, cfg.trainer.max_steps, "train" if wrap_task is None else "cold start") \

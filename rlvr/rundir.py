@@ -4,10 +4,13 @@
   continue it (trainer.resume) or to start over (trainer.overwrite); a run refused at start-up
   leaves no empty dir behind (`remove_if_untouched`).
 - SIGINT / SIGTERM ask the loop to stop after its step and write a checkpoint (`GracefulStop`).
+- A checkpoint says which stage wrote it (RL or a cold start) and the run dir of the command that did
+  (`written_by`); a run of one stage refuses another's checkpoint in one line (`refuse_other_stage`).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -79,25 +82,70 @@ def _held(run_dir: Path, auto_resume: bool) -> str:
             "trainer.overwrite=true, or choose another hydra.run.dir.")
 
 
-def refuse_early(args: list[str]) -> None:
-    """`prepare`'s refusal, from the command line alone, before Hydra starts: Hydra writes its .hydra/
-    files and appends to train.log in the run dir as the job starts, so a run refused only then would
-    already have changed the run it refuses to overwrite. (A run dir, resume or overwrite set in a YAML
-    file instead is still refused by `prepare`, after Hydra started.)"""
+def refuse_early(args: list[str], stage: str = "rl") -> None:
+    """`prepare`'s refusal, and `refuse_other_stage`'s, from the command line alone, before Hydra starts:
+    Hydra writes its .hydra/ files and appends to train.log in the run dir as the job starts, so a run
+    refused only then would already have changed the run it refuses to overwrite. `stage`: what the
+    command continues from a checkpoint (`rlvr train`, the recipe included: RL's; `rlvr sft`: a cold
+    start's). (A run dir, resume or overwrite set in a YAML file instead is still refused, by `prepare`
+    and rlvr.checkpoint.find, after Hydra started but before the run writes.)"""
     if {"-m", "--multirun"} & set(args):
         return
     values = dict(a.lstrip("+").split("=", 1) for a in args if "=" in a and not a.startswith("-"))
+    resume = values.get("trainer.resume", "null")
+    if resume not in ("null", "auto") and "${" not in resume:
+        refuse_other_stage(Path(resume).expanduser(), stage)
     run_dir = values.get("hydra.run.dir")
     if run_dir is None or "${" in run_dir or values.get("trainer.overwrite", "false").lower() == "true":
         return
-    run_dir, resume = Path(run_dir), values.get("trainer.resume", "null")
+    run_dir = Path(run_dir)
     if not (run_dir / "metrics.jsonl").exists() or resume not in ("null", "auto"):
         return
-    if resume == "null" or not complete_checkpoints(run_dir):
+    found = complete_checkpoints(run_dir)
+    if resume == "null" or not found:
         raise RunDirError(_held(run_dir, resume == "auto"))
+    refuse_other_stage(found[-1], stage)
 
 
 CHECKPOINT_PREFIX = "step-"
+STAGES = {"rl": "RL (rlvr train)", "sft": "a cold start"}
+
+
+def written_by(checkpoint: Path) -> tuple[str | None, dict]:
+    """(the stage that wrote `checkpoint`: "rl" or "sft", what its trainer_state.json says of the run
+    that wrote it: `run_dir`, `command`). A checkpoint from before stages were recorded is told by its
+    task state (a cold start's holds the task's and a position); one that does not parse gives None
+    (rlvr.checkpoint.validate names what is wrong with it)."""
+    try:
+        state = json.loads((checkpoint / "trainer_state.json").read_text())
+    except (OSError, ValueError):
+        return None, {}
+    if not isinstance(state, dict):
+        return None, {}
+    stage = state.get("stage")
+    if stage is None and isinstance(state.get("task"), dict):
+        stage = "sft" if set(state["task"]) == {"task", "position"} else "rl"
+    return stage, state.get("written_by") or {}
+
+
+def refuse_other_stage(checkpoint: Path, stage: str) -> None:
+    """Refuse to continue a run of `stage` from a checkpoint another stage wrote (a cold start's into
+    RL, or RL's into a cold start), saying how to continue the run that wrote it."""
+    written, by = written_by(checkpoint)
+    if written is None or written == stage:
+        return
+    where, command = by.get("run_dir"), by.get("command")
+    message = f"trainer.resume: {checkpoint} is a checkpoint of {STAGES[written]}, and this run is {STAGES[stage]}"
+    if written == "sft" and command == "train":
+        message += (f". It is the cold start of the recipe in {where}: continue the whole recipe with the same "
+                    f"command plus trainer.resume=auto hydra.run.dir={where}")
+    elif written == "sft" and where:
+        message += (f". Continue that cold start with rlvr sft and trainer.resume={checkpoint} "
+                    f"hydra.run.dir={where}, or start RL from the model it wrote: model=local "
+                    f"model.path={Path(where) / 'model'}")
+    elif where:
+        message += f". Continue that run with rlvr train and trainer.resume={checkpoint} hydra.run.dir={where}"
+    raise RunDirError(message)
 
 
 def complete_checkpoints(run_dir: Path) -> list[Path]:

@@ -256,8 +256,9 @@ def sft_step(run, step: int, watch) -> dict[str, float]:
     return record
 
 
-def run_sft(cfg: TrainConfig, run_dir: Path) -> dict[str, float]:
-    """`rlvr sft`: the cold start alone, into `run_dir` (its model in `run_dir/model`)."""
+def run_sft(cfg: TrainConfig, run_dir: Path, recipe_dir: Path | None = None) -> dict[str, float]:
+    """`rlvr sft`: the cold start alone, into `run_dir` (its model in `run_dir/model`); or, with
+    `recipe_dir`, the recipe's first stage (`cold_start`)."""
     from rlvr.config import ConfigError, short_warmup
     from rlvr.loop import run_steps
     from rlvr.run import build
@@ -269,7 +270,8 @@ def run_sft(cfg: TrainConfig, run_dir: Path) -> dict[str, float]:
     t_start = time.perf_counter()
     run = build(stage_config(cfg), run_dir,
                 wrap_task=lambda task, tokenizer, tools: Demonstrations(task, cfg, tokenizer, tools))
-    return run_steps(run, run_dir, lambda step, watch: sft_step(run, step, watch), t_start, "cold start")
+    return run_steps(run, run_dir, lambda step, watch: sft_step(run, step, watch), t_start, "cold start",
+                     recipe_dir)
 
 
 def cold_start(cfg: TrainConfig, run_dir: Path) -> TrainConfig:
@@ -283,5 +285,5 @@ def cold_start(cfg: TrainConfig, run_dir: Path) -> TrainConfig:
         log.info("cold start: done already, in %s; RL starts from %s", run_dir, model)
     else:
         log.info("cold start: %d steps into %s, then RL from its model", cfg.sft.steps, run_dir)
-        run_sft(stage, run_dir)
+        run_sft(stage, run_dir, recipe_dir=run_dir.parent)
     return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, path=str(model), build=None))

@@ -41,6 +41,7 @@ from rlvr.prompts import PromptFit
 from rlvr.rewards import Rewards
 from rlvr.rollout.multiturn import Generate
 from rlvr.run import Run, build
+from rlvr.rundir import refuse_other_stage
 from rlvr.types import Rollout
 
 log = logging.getLogger("rlvr")
@@ -189,6 +190,8 @@ def train(cfg: TrainConfig, run_dir: Path) -> dict[str, float]:
     if cfg.sft.steps > 0:
         from rlvr.sft import cold_start
 
+        if cfg.trainer.resume not in (None, "auto"):  # RL's checkpoint: refused before the cold start runs if not
+            refuse_other_stage(Path(cfg.trainer.resume).expanduser(), "rl")
         cfg = cold_start(cfg, run_dir / "sft")
     if warning := short_warmup(cfg.trainer.max_steps, cfg.optim.warmup_steps, "trainer.max_steps",
                                "optim.warmup_steps"):

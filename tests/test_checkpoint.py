@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import resource
 import shutil
 import signal
@@ -17,7 +18,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from rlvr import checkpoint
+from rlvr import checkpoint, rundir
 
 from .conftest import GOLDEN, REPO, RLVR, cli_here, pinned, run_cli
 
@@ -71,6 +72,7 @@ def test_checkpoints_are_complete_and_pruned(reference):
         assert (path / "model" / "model.safetensors").is_file() and (path / "model" / "tokenizer.json").is_file()
     state = json.loads((found[-1] / "trainer_state.json").read_text())
     assert state["step"] == 6 and "rng" in state["task"]
+    assert state["stage"] == "rl" and state["written_by"] == {"run_dir": str(reference), "command": "train"}
     assert not [p for p in (reference / "checkpoints").iterdir() if p.name.startswith(".")]  # no leftovers
 
 
@@ -324,3 +326,36 @@ def test_a_damaged_newest_checkpoint_is_named_and_auto_resume_falls_back_to_the_
     for got, want in zip(resumed[4:], expected[4:], strict=True):  # steps 5 and 6, run again from step 4
         for key in COMPARED:
             assert got[key] == pytest.approx(want[key], abs=1e-6), (got["step"], key)
+
+
+def _checkpoint_state(folder: Path, state: dict) -> Path:
+    folder.mkdir(parents=True)
+    (folder / "trainer_state.json").write_text(json.dumps({"step": 3, **state}))
+    return folder
+
+
+@pytest.mark.parametrize("state, stage, said", [
+    ({"stage": "sft", "task": {}, "written_by": {"run_dir": "/r", "command": "train"}}, "rl",
+     "continue the whole recipe with the same command plus trainer.resume=auto hydra.run.dir=/r"),
+    ({"stage": "sft", "task": {}, "written_by": {"run_dir": "/s", "command": "sft"}}, "rl",
+     "or start RL from the model it wrote: model=local model.path=/s/model"),
+    ({"stage": "rl", "task": {}, "written_by": {"run_dir": "/r", "command": "train"}}, "sft",
+     "Continue that run with rlvr train and trainer.resume="),
+    # written before checkpoints said their stage: a cold start's task state is the task's and a position
+    ({"task": {"task": {"level": 0}, "position": 64}}, "rl", "is a checkpoint of a cold start, and this run is RL"),
+    ({"task": {"rng": [1], "level": 0}}, "sft", "is a checkpoint of RL (rlvr train), and this run is a cold start"),
+])
+def test_a_checkpoint_of_another_stage_is_refused_naming_how_to_continue_it(tmp_path, state, stage, said):
+    path = _checkpoint_state(tmp_path / "step-000003", state)
+    with pytest.raises(rundir.RunDirError, match=re.escape(said)):
+        rundir.refuse_other_stage(path, stage)
+    rundir.refuse_other_stage(path, "sft" if stage == "rl" else "rl")  # its own stage resumes from it
+
+
+def test_a_checkpoint_whose_state_does_not_parse_is_left_to_validate(tmp_path):
+    path = tmp_path / "step-000003"
+    path.mkdir()
+    (path / "trainer_state.json").write_text('{"step": ')
+    rundir.refuse_other_stage(path, "rl")  # (validate names what is wrong with it)
+    with pytest.raises(checkpoint.CheckpointError, match="is incomplete"):
+        checkpoint.find(str(path), tmp_path, "rl")

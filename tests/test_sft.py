@@ -233,17 +233,47 @@ def _kill_at(proc, run_dir: Path, step: int) -> None:
     proc.wait()
 
 
+def _snapshot(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
 @pytest.mark.slow
-def test_the_recipe_resumes_after_a_kill_in_either_stage(tmp_path, cache_dir):
-    """`rlvr train` with sft.steps > 0 runs the cold start into <run dir>/sft, then RL from its model;
-    killed in the cold start, then in RL, the same command with trainer.resume=auto finishes both, each
-    step run once, RL started from the cold start's model."""
+def test_the_recipe_resumes_after_ctrl_c_or_a_kill_in_either_stage(tmp_path, cache_dir):
+    """`rlvr train` with sft.steps > 0 runs the cold start into <run dir>/sft, then RL from its model.
+    Ctrl-C in the cold start finishes the step, checkpoints and prints the command that resumes the whole
+    recipe; the cold start's checkpoint given to RL (what that hint once said) is refused in one line
+    before anything is written; killed in RL, the same command with trainer.resume=auto finishes both,
+    each step run once, RL started from the cold start's model."""
     run_dir = tmp_path / "run"
     args = [*RECIPE, f"hydra.run.dir={run_dir}"]
-    _kill_at(_start(args, cache_dir), run_dir / "sft", 3)  # checkpoint of step 2 written
+    proc = _start(args, cache_dir)
+    _wait_for_step(proc, run_dir / "sft", 2)
+    os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 128 + signal.SIGINT, out[-3000:]
+    assert f"Continue with the same command plus trainer.resume=auto hydra.run.dir={run_dir}\n" in out, out[-3000:]
     assert not (run_dir / "sft" / "model").exists() and not (run_dir / "metrics.jsonl").exists()
+    saved = sorted((run_dir / "sft" / "checkpoints").glob("step-*"))[-1]
+    state = json.loads((saved / "trainer_state.json").read_text())
+    assert state["stage"] == "sft" and state["written_by"] == {"run_dir": str(run_dir), "command": "train"}
+
+    before = _snapshot(run_dir)
+    for wrong in ([f"trainer.resume={saved}", f"hydra.run.dir={run_dir / 'sft'}"],  # the old hint, literally
+                  ["trainer.resume=auto", f"hydra.run.dir={run_dir / 'sft'}"]):  # the stage's own dir
+        refused = cli_here(["train", *RECIPE, *wrong], cache_dir)
+        lines = [x for x in (refused.stdout + refused.stderr).splitlines() if x.strip()]
+        assert refused.returncode == 1 and len(lines) == 1, lines
+        assert "is a checkpoint of a cold start, and this run is RL" in lines[0]
+        assert f"continue the whole recipe with the same command plus trainer.resume=auto hydra.run.dir={run_dir}" \
+            in lines[0]
+    assert _snapshot(run_dir) == before and not (run_dir / "sft" / "sft").exists()  # nothing written
+
     _kill_at(_start([*args, "trainer.resume=auto"], cache_dir), run_dir, 3)
     assert [s["step"] for s in _steps(run_dir / "sft")] == list(range(1, 7))
+    rl_saved = sorted((run_dir / "checkpoints").glob("step-*"))[-1]
+    refused = cli_here(["sft", *SFT, f"trainer.resume={rl_saved}", f"hydra.run.dir={run_dir / 'sft'}"], cache_dir)
+    assert refused.returncode == 1 and "is a checkpoint of RL (rlvr train), and this run is a cold start" in \
+        refused.stderr, refused.stderr[-2000:]
     result = run_cli(["train", *args, "trainer.resume=auto"], cache=cache_dir)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "cold start: done already" in result.stderr
