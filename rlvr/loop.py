@@ -144,7 +144,7 @@ class Watch:
         if t.log_samples:
             r = c.first_round[0]
             log.info("sample (reward %.2f, answer %s): %r", r.reward, r.prompt.answer, r.text[:300])
-        if t.samples_every and step % t.samples_every == 0:
+        if t.samples_every and (step % t.samples_every == 0 or step == t.max_steps):  # (a short run's too)
             self.run.logger.samples(step, [sample_record(r, self.run.rewards, step=step)
                                            for r in c.rollouts[: t.log_samples * G]])
         self.skipped(step, m.learn["learn/skipped_updates"])

@@ -80,6 +80,7 @@ def build(cfg: TrainConfig, run_dir: Path, training: bool = True, wrap_task=None
     with _closed_on_error(rewards.close):
         tools = build_tools(cfg.tools, cfg.rollout)
         model_path = models.resolve(cfg.model, Path(cfg.cache_dir))
+        log.info("model: %s", model_path)
         task = build_task(cfg, model_path)
         if wrap_task is not None:
             from transformers import AutoTokenizer

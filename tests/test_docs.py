@@ -64,3 +64,16 @@ def test_the_docs_site_builds_with_strict_checks(tmp_path):
                             capture_output=True, text=True, timeout=300, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
     assert result.returncode == 0, result.stderr[-3000:]
     assert (tmp_path / "site" / "reference" / "index.html").is_file()
+
+
+def test_the_configuration_page_lists_every_group_with_its_options():
+    """docs/configuration.md's group table: a row for every config group a user picks options of, naming
+    each option there is (it once left out `sft` and `tools`)."""
+    from .conftest import REPO
+
+    text = (REPO / "docs" / "configuration.md").read_text()
+    rows = {m.group(1): m.group(2) for m in re.finditer(r"^\| `(\w+)` \| (.*?) \|", text, re.M)}
+    groups = sorted(p.name for p in (REPO / "configs").iterdir() if p.is_dir() and p.name not in ("hydra", "experiment"))
+    assert sorted(rows) == groups
+    for group in groups:
+        assert sorted(re.findall(r"`(\w+(?:\.\w+)?)`", rows[group])) == sorted(reference.options(group)), group

@@ -224,6 +224,11 @@ def test_rlvr_sft_learns_the_demonstrations_and_rlvr_train_starts_from_its_model
     rl = run_cli(["train", *RECIPE, "sft.steps=0", "model=local", f"model.path={run_dir / 'model'}",
                   f"hydra.run.dir={tmp_path / 'rl'}"], cache=cache_dir)
     assert rl.returncode == 0, rl.stderr[-3000:]
+    # the console names the model folder the run loaded
+    assert f"model: {run_dir / 'model'}" in rl.stdout + rl.stderr
+    # a run shorter than trainer.samples_every (5) still writes its samples, after its last step (4)
+    samples = [json.loads(x) for x in (tmp_path / "rl" / "samples.jsonl").read_text().splitlines()]
+    assert samples and {s["step"] for s in samples} == {4}
 
 
 def _kill_at(proc, run_dir: Path, step: int) -> None:

@@ -4,8 +4,10 @@ and the update's own state in a checkpoint (the LR schedule, AdamW's moments).""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
+import warnings
 from pathlib import Path
 
 import torch
@@ -243,7 +245,8 @@ class Learner:
 
         distributed.reshard(self.policy.model)
         try:
-            dcp.save({"optimizer": get_optimizer_state_dict(self.policy.model, self.optimizer)}, checkpoint_id=path)
+            with single_process_quiet():
+                dcp.save({"optimizer": get_optimizer_state_dict(self.policy.model, self.optimizer)}, checkpoint_id=path)
         except dcp.api.CheckpointException as e:  # a BaseException: give the callers what failed, as an OSError
             rank, (error, _) = next(iter(e.failures.items()))
             raise OSError(f"writing the optimizer state failed on rank {rank} (a full disk, or a file size limit?): "
@@ -258,8 +261,18 @@ class Learner:
         distributed.reshard(model)
         state = {"optimizer": get_optimizer_state_dict(model, self.optimizer)}  # the layout to fill
         try:
-            dcp.load(state, checkpoint_id=path)
+            with single_process_quiet():
+                dcp.load(state, checkpoint_id=path)
         except dcp.api.CheckpointException as e:
             rank, (error, _) = next(iter(e.failures.items()))
             raise RuntimeError(f"rank {rank}: {type(error).__name__}: {error}") from e
         set_optimizer_state_dict(model, self.optimizer, state["optimizer"])
+
+
+@contextlib.contextmanager
+def single_process_quiet():
+    """Without torch.distributed (one process), DCP warns at every save and load that it assumes one
+    process, with its source line, on the console: that is what rlvr asks of it, so the warning is dropped."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
+        yield
