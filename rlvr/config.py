@@ -113,6 +113,12 @@ class FunctionPickingDataConfig(DataConfig):
 
 
 @dataclass
+class BfclDataConfig(DataConfig):
+    train: list[str] = MISSING
+    evaluate: list[str] = MISSING
+
+
+@dataclass
 class FileDataConfig(DataConfig):
     path: str = MISSING
     format: str = MISSING
@@ -380,6 +386,7 @@ def register() -> None:
     cs.store(group="data", name="multiplication_schema", node=MultiplicationDataConfig)
     cs.store(group="data", name="function_picking_schema", node=FunctionPickingDataConfig)
     cs.store(group="data", name="file_schema", node=FileDataConfig)
+    cs.store(group="data", name="bfcl_schema", node=BfclDataConfig)
 
 
 class ConfigError(RlvrError, ValueError):

@@ -16,7 +16,7 @@ from rlvr.types import Rollout
 
 def summarise(rollouts: list[Rollout], rewards: Rewards, prefix: str = "") -> dict[str, float]:
     """Mean reward (total and per term), accuracy (also per `meta["level"]` when prompts carry
-    several), completion length and truncation rate."""
+    several, and per `meta["domain"]` as `<domain>/accuracy`), completion length and truncation rate."""
     n = len(rollouts)
     out = {f"{prefix}reward/mean": sum(r.reward for r in rollouts) / n}
     for name in rewards.weights:
@@ -29,6 +29,13 @@ def summarise(rollouts: list[Rollout], rewards: Rewards, prefix: str = "") -> di
     if len(levels) > 1:  # a task whose prompts carry meta["level"]: accuracy per level too
         for level, correct in sorted(levels.items()):
             out[f"{prefix}accuracy/{level}"] = sum(correct) / len(correct)
+    domains: dict[str, list[bool]] = {}
+    for r in rollouts:
+        if "domain" in r.prompt.meta:
+            domains.setdefault(str(r.prompt.meta["domain"]), []).append(rewards.is_correct(r))
+    if len(domains) > 1:  # prompts from several sources (e.g. BFCL's categories): accuracy per source too
+        for domain, correct in sorted(domains.items()):
+            out[f"{prefix}{domain}/accuracy"] = sum(correct) / len(correct)
     out[f"{prefix}completion_len/mean"] = sum(sum(r.model_mask) for r in rollouts) / n  # the model's own tokens
     out[f"{prefix}truncated_frac"] = sum(r.finish_reason == "length" for r in rollouts) / n
     if rollouts[0].conversation:  # multi-turn rollouts with tools
@@ -43,7 +50,8 @@ def summarise(rollouts: list[Rollout], rewards: Rewards, prefix: str = "") -> di
 
 def sample_record(r: Rollout, rewards: Rewards, **extra) -> dict:
     """One completion as a JSON-ready record, with its reward components."""
-    return {**extra, "messages": r.prompt.messages, "answer": r.prompt.answer, "completion": r.text,
+    return {**extra, **{k: r.prompt.meta[k] for k in ("id", "domain") if k in r.prompt.meta},
+            "messages": r.prompt.messages, "answer": r.prompt.answer, "completion": r.text,
             "rewards": r.rewards, "reward": r.reward, "correct": rewards.is_correct(r),
             "finish_reason": r.finish_reason, "tokens": len(r.completion_ids),
             **({"conversation": r.conversation, "tool_calls": r.tool_calls, "tool_errors": r.tool_errors}

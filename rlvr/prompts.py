@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 
 from rlvr.errors import RlvrError
-from rlvr.tools import ToolBox
+from rlvr.tools import ToolBox, instructions, takes_tools
 from rlvr.types import Prompt
 
 log = logging.getLogger("rlvr")
@@ -27,24 +27,26 @@ class ContextError(RlvrError, ValueError):
 
 def render(tokenizer, prompt: Prompt, tools: ToolBox | None = None) -> list[int]:
     """Token ids of a prompt through the model's chat template, ready for the assistant's turn;
-    with `tools`, presented as `render_with_tools` does."""
-    return render_with_tools(tokenizer, prompt.messages, tools)
+    with `tools` (the run's) and the prompt's own functions (`Prompt.tools`), presented as
+    `render_with_tools` does."""
+    return render_with_tools(tokenizer, prompt.messages, tools, offered=prompt.tools)
 
 
 def render_with_tools(tokenizer, messages: list[dict[str, str]], tools: ToolBox | None,
-                      tokenize: bool = True) -> list[int] | str:
-    """`messages` through the chat template with the assistant's turn opened, the tools presented by
-    the template's own `tools=` where it has one, else as text at the end of the system message
-    (`ToolBox.instructions`)."""
+                      tokenize: bool = True, offered: list[dict] | None = None) -> list[int] | str:
+    """`messages` through the chat template with the assistant's turn opened, the tools (the run's
+    `tools`, then the prompt's own `offered` schemas) presented by the template's own `tools=` where it
+    has one, else as text at the end of the system message (`rlvr.tools.instructions`)."""
     kwargs = {}
-    if tools is not None:
-        if tools.template_takes_tools(tokenizer):
-            kwargs["tools"] = tools.schemas()
+    schemas = [*(tools.schemas() if tools is not None else []), *(offered or [])]
+    if schemas:
+        if takes_tools(tokenizer):
+            kwargs["tools"] = schemas
         elif messages and messages[0]["role"] == "system":
-            messages = [{"role": "system", "content": messages[0]["content"] + "\n\n" + tools.instructions()},
+            messages = [{"role": "system", "content": messages[0]["content"] + "\n\n" + instructions(schemas)},
                         *messages[1:]]
         else:
-            messages = [{"role": "system", "content": tools.instructions()}, *messages]
+            messages = [{"role": "system", "content": instructions(schemas)}, *messages]
     text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **kwargs)
     return tokenizer(text, add_special_tokens=False).input_ids if tokenize else text
 

@@ -22,6 +22,7 @@ from typing import Any
 import yaml
 
 from rlvr.config import (
+    BfclDataConfig,
     Choice,
     FileDataConfig,
     FunctionPickingDataConfig,
@@ -34,7 +35,7 @@ CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 OUT = Path(__file__).resolve().parent.parent / "docs" / "reference.md"
 # Data options with a schema of their own: the keys beyond every task's.
 DATA_SCHEMAS = {"multiplication": MultiplicationDataConfig, "function_picking": FunctionPickingDataConfig,
-                "jsonl": FileDataConfig}
+                "bfcl": BfclDataConfig, "jsonl": FileDataConfig}
 GROUP_LINES = {
     "model": "The policy: a Hugging Face folder, how to build it, LoRA.",
     "data": "The task: where prompts come from, prompts per step, the held-out split.",

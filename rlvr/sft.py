@@ -31,7 +31,7 @@ from rlvr.config import TrainConfig
 from rlvr.data import Task
 from rlvr.data.files import DataError, read_located
 from rlvr.errors import RlvrError
-from rlvr.prompts import render
+from rlvr.prompts import MAX_DRAWS, render
 from rlvr.rollout.multiturn import between_turns
 from rlvr.tools import CALL_CLOSE, CALL_OPEN, ToolBox
 from rlvr.types import Demonstration, Prompt, Rollout
@@ -110,6 +110,7 @@ class Demonstrations:
         self.task, self.tokenizer, self.tools = task, tokenizer, tools
         self.seed, self.max_len = cfg.seed, cfg.rollout.max_model_len
         self.position = 0  # demonstrations of a dataset taken so far
+        self.too_long, self.warned = 0, False  # the task's demonstrations dropped as longer than the context
         self._check_template()
         if s.data == "task":
             if not hasattr(task, "demonstrations"):
@@ -117,7 +118,7 @@ class Demonstrations:
                                    "demonstrations; give sft.data the path of a dataset of demonstrations")
             self.rows = None
             state = task.state_dict()
-            self._encode(task.demonstrations(s.batch_size))  # a sample, checked
+            self._encode(task.demonstrations(s.batch_size), fitting_only=True)  # a sample, checked
             task.load_state_dict(state)
             return
         try:
@@ -154,9 +155,11 @@ class Demonstrations:
             raise SftDataError("the model's chat template drops tool messages (a tool's result would not reach the "
                                "model); use a model whose template renders role 'tool'")
 
-    def _encode(self, demos: list[Demonstration], where: list[str] | None = None) -> list[Rollout]:
+    def _encode(self, demos: list[Demonstration], where: list[str] | None = None,
+                fitting_only: bool = False) -> list[Rollout]:
         """Token ids of `demos`, as the rollouts would hold the same answers (module docstring); an error
-        names the demonstration (`where`: the file and line of each; default, the task's k-th)."""
+        names the demonstration (`where`: the file and line of each; default, the task's k-th).
+        `fitting_only`: one longer than the context is left out instead of raising."""
         end = between_turns(self.tokenizer, self.tools, [])[:1]  # the token that ends the assistant's turn
         out = []
         for i, d in enumerate(demos):
@@ -187,6 +190,8 @@ class Demonstrations:
             ids += end
             mask += [1] * len(end)
             if len(prompt_ids) + len(ids) > self.max_len:
+                if fitting_only:
+                    continue
                 raise SftDataError(f"{at}: {len(prompt_ids) + len(ids)} tokens under the chat template, "
                                    f"longer than the context rollout.max_model_len={self.max_len}; raise it or "
                                    "shorten the row")
@@ -195,9 +200,25 @@ class Demonstrations:
         return out
 
     def next(self, n: int) -> list[Rollout]:
-        """The next `n` demonstrations as token ids (every process draws the same)."""
+        """The next `n` demonstrations as token ids (every process draws the same). A task's demonstration
+        longer than the context is dropped and another drawn (a file's rows were all checked at start)."""
         if self.rows is None:
-            return self._encode(self.task.demonstrations(n))
+            out: list[Rollout] = []
+            for _ in range(MAX_DRAWS):
+                drawn = self._encode(self.task.demonstrations(n - len(out)), fitting_only=True)
+                self.too_long += n - len(out) - len(drawn)
+                out += drawn
+                if len(out) == n:
+                    break
+            else:
+                raise SftDataError(f"only {len(out)} of the task's demonstrations drawn in {MAX_DRAWS} rounds fit "
+                                   f"the context rollout.max_model_len={self.max_len}; raise it")
+            if self.too_long and not self.warned:
+                self.warned = True
+                log.warning("cold start: %d of the task's demonstrations are longer than the context "
+                            "rollout.max_model_len=%d: dropped and drawn again (said once)", self.too_long,
+                            self.max_len)
+            return out
         out = []
         for _ in range(n):
             epoch, k = divmod(self.position, len(self.encoded))

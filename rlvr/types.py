@@ -19,6 +19,9 @@ class Prompt:
     messages: list[dict[str, str]]  # [{"role": "system" | "user", "content": str}, ...]
     answer: str  # ground truth, as the reward reads it
     meta: dict[str, Any] = field(default_factory=dict)  # e.g. the curriculum level
+    # Functions offered with this prompt alone (OpenAI-style tool schemas), presented as the run's tools
+    # are (rlvr.prompts.render_with_tools) but never run: the model's call is its answer (e.g. BFCL's).
+    tools: list[dict[str, Any]] | None = None
 
 
 @dataclass

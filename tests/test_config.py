@@ -105,7 +105,7 @@ def test_nonsense_values_are_rejected_with_the_key(override, key):
     # a group option that does not exist: the options there are, none of rlvr's internal schemas
     ("algorithm=grpoo", "algorithm=grpoo: no such option; algorithm is one of dapo, dr_grpo, grpo, gspo, rloo; "
                         "did you mean algorithm=grpo?"),
-    ("+experiment=multiplicaton", "experiment=multiplicaton: no such option; experiment is one of function_picking, "
+    ("+experiment=multiplicaton", "experiment=multiplicaton: no such option; experiment is one of bfcl, function_picking, "
                                   "multiplication, multiplication_4x2, multiplication_4x2_sft, multiplication_tool, "
                                   "multiplication_tool_sft; did you mean experiment=multiplication?"),
     # keys that moved when trainer was split by concern

@@ -141,9 +141,10 @@ def test_a_template_that_cannot_render_tool_messages_is_refused(tmp_path, tiny_p
 
 
 def test_a_task_without_demonstrations_is_named(tmp_path, cache_dir):
-    result = cli_here(["sft", "+experiment=function_picking", "model=tiny", "sft.steps=2",
+    data = _write(tmp_path / "problems.jsonl", [{"prompt": f"Say {i}", "answer": str(i)} for i in range(10)])
+    result = cli_here(["sft", "data=jsonl", f"data.path={data}", "reward=exact", "model=tiny", "sft.steps=2",
                        f"hydra.run.dir={tmp_path / 'run'}"], cache_dir)
-    assert result.returncode == 1 and "sft.data=task: the task FunctionPickingTask" in result.stderr, result.stderr[-2000:]
+    assert result.returncode == 1 and "sft.data=task: the task DatasetTask" in result.stderr, result.stderr[-2000:]
 
 
 @pytest.mark.parametrize("command, args, said", [

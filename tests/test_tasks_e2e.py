@@ -52,7 +52,7 @@ def test_a_dataset_with_a_missing_column_fails_at_start_naming_file_row_and_colu
     result = cli_here(["train", "data=jsonl", f"data.path={path}", "data.prompt_key=question", "reward=exact",
                       *TINY, f"hydra.run.dir={run_dir}"], cache=cache_dir)
     assert result.returncode == 1
-    assert f"{path}, row 6: column 'answer' is missing" in result.stderr
+    assert f"{path}, line 6: column 'answer' is missing" in result.stderr
     assert "Traceback" not in result.stderr and not (run_dir / "metrics.jsonl").exists()
 
 

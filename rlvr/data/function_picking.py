@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from rlvr.data import chat, is_held_out, rng_state, set_rng_state
-from rlvr.types import Prompt
+from rlvr.types import Demonstration, Prompt
 
 CITIES = ["Paris", "Tokyo", "Lima", "Oslo", "Cairo", "Denver", "Madrid", "Seoul", "Nairobi", "Toronto"]
 LANGUAGES = ["French", "German", "Spanish", "Japanese", "Italian", "Swahili"]
@@ -255,6 +255,16 @@ class FunctionPickingTask:
 
     def sample(self, n: int) -> list[Prompt]:
         return [self._draw(self.rng, held_out=False) for _ in range(n)]
+
+    def demonstrations(self, n: int) -> list[Demonstration]:
+        """The next `n` training prompts answered right, for the cold start: the expected call in
+        <answer> tags (the name alone, or the JSON call when arguments are asked for)."""
+        out = []
+        for p in self.sample(n):
+            call = json.loads(p.answer)
+            answer = call["name"] if self.arguments == "none" else json.dumps(call, ensure_ascii=False)
+            out.append(Demonstration(p, [{"role": "assistant", "content": f"<answer>{answer}</answer>"}]))
+        return out
 
     def eval_prompts(self) -> list[Prompt]:
         """`eval_size` held-out prompts with distinct requests (the same for every run and seed)."""

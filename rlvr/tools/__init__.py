@@ -126,27 +126,18 @@ class ToolBox:
 
     def __init__(self, tools: dict[str, Tool], timeout_s: float | None, max_output_chars: int):
         self.tools, self.timeout_s, self.max_output_chars = tools, timeout_s, max_output_chars
-        self._native: dict[int, bool] = {}
 
     def template_takes_tools(self, tokenizer) -> bool:
         """Whether the tokenizer's chat template presents tools itself (renders `tools=`)."""
-        if id(tokenizer) not in self._native:
-            probe = [{"role": "user", "content": "?"}]
-            self._native[id(tokenizer)] = (tokenizer.apply_chat_template(probe, tools=self.schemas(), tokenize=False)
-                                           != tokenizer.apply_chat_template(probe, tokenize=False))
-        return self._native[id(tokenizer)]
+        return takes_tools(tokenizer)
 
     def schemas(self) -> list[dict[str, Any]]:
         return [t.schema() for t in self.tools.values()]
 
     def instructions(self) -> str:
         """The tools and the call protocol, as text for the system message of a template without `tools=`."""
-        lines = [f"You can call tools. To call one, write {CALL_OPEN}"
-                 '{"name": <tool name>, "arguments": <JSON object>}' f"{CALL_CLOSE} and stop; the result comes "
-                 "back in the next message. The tools:"]
-        lines += [json.dumps({"name": t.name, "description": t.description, "parameters": t.parameters})
-                  for t in self.tools.values()]
-        return "\n".join(lines)
+        return instructions(self.schemas())
+
 
     def call(self, name: str, args: dict[str, Any]) -> tuple[str, str | None]:
         """(the text the model gets back, None) or (an error message for the model, what went wrong)."""
@@ -170,3 +161,24 @@ class ToolBox:
             return text[: self.max_output_chars] + f"... [{extra} more characters cut]", \
                 f"output of {len(text)} characters cut to {self.max_output_chars}"
         return text, None
+
+
+_PROBE_TOOL = {"type": "function", "function": {"name": "probe", "description": "A probe.",
+                                                "parameters": {"type": "object", "properties": {}}}}
+
+
+def takes_tools(tokenizer) -> bool:
+    """Whether the tokenizer's chat template presents tools itself (renders `tools=`)."""
+    probe = [{"role": "user", "content": "?"}]
+    return (tokenizer.apply_chat_template(probe, tools=[_PROBE_TOOL], tokenize=False)
+            != tokenizer.apply_chat_template(probe, tokenize=False))
+
+
+def instructions(schemas: list[dict[str, Any]]) -> str:
+    """Tools (OpenAI-style schemas) and the call protocol, as text for the system message of a template
+    without `tools=`."""
+    lines = [f"You can call tools. To call one, write {CALL_OPEN}"
+             '{"name": <tool name>, "arguments": <JSON object>}' f"{CALL_CLOSE} and stop; the result comes "
+             "back in the next message. The tools:"]
+    lines += [json.dumps({k: s["function"][k] for k in ("name", "description", "parameters")}) for s in schemas]
+    return "\n".join(lines)
