@@ -95,10 +95,11 @@ class PromptFit:
         return kept, ids
 
     def probe(self, task, n: int) -> None:
-        """Check a sample of `n` training prompts before the engine starts; the task's state is put back,
-        so the run draws exactly what it would have drawn."""
+        """Check a sample of training prompts before the engine starts (as many as `sample` may draw for a
+        step of `n`: a task whose prompts are often too long is not refused for a first draw of long ones);
+        the task's state is put back, so the run draws exactly what it would have drawn."""
         state = task.state_dict()
-        prompts = task.sample(n)
+        prompts = task.sample(n * MAX_DRAWS)
         task.load_state_dict(state)
         kept, _, long = self.fit(prompts)
         if not kept:

@@ -238,6 +238,7 @@ def test_the_bfcl_recipe_runs_end_to_end_on_the_tiny_model(tmp_path, cache_dir):
     result = run_cli(["train", "+experiment=bfcl", "model=tiny", "sft.steps=2", "sft.batch_size=4",
                       "sft.eval_every=0", "sft.warmup_steps=0", "data.batch_size=2", "algorithm.group_size=2",
                       "data.eval_size=6", "trainer.max_steps=1", "rollout.max_tokens=16", "learner.micro_batch_size=4",
+                      "rollout.max_model_len=2048",  # (the tiny model's tokenizer writes ~3x the tokens)
                       f"hydra.run.dir={run_dir}"], cache=cache_dir)
     out = result.stdout + result.stderr
     assert result.returncode == 0, out[-3000:]

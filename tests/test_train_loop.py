@@ -138,3 +138,38 @@ def test_the_engine_start_leaves_the_hub_setting_as_it_was(cache_dir, tiny_path)
     engine = VllmEngine(tiny_path, cfg.rollout, "float32", 0, "cpu", cache_dir)
     engine.close()
     assert (os.environ.get("HF_HUB_OFFLINE"), hub.HF_HUB_OFFLINE) == before
+
+
+class _Cycle:
+    """A task drawing its prompts from a list, in order, round and round (a state of one number)."""
+
+    def __init__(self, prompts):
+        self.prompts, self.position = prompts, 0
+
+    def sample(self, n):
+        out = [self.prompts[(self.position + i) % len(self.prompts)] for i in range(n)]
+        self.position += n
+        return out
+
+    def state_dict(self):
+        return {"position": self.position}
+
+    def load_state_dict(self, state):
+        self.position = state["position"]
+
+
+def test_the_start_check_draws_as_many_prompts_as_a_step_may(tiny_path):
+    """A task whose first few prompts are too long but later ones fit starts (a step draws again, up to
+    MAX_DRAWS rounds); one none of whose prompts fits is refused; the task's position is put back."""
+    from transformers import AutoTokenizer
+
+    from rlvr.prompts import ContextError, PromptFit
+    from rlvr.types import Prompt
+
+    fit = PromptFit(AutoTokenizer.from_pretrained(tiny_path), max_model_len=128, max_tokens=16)
+    long, short = Prompt([{"role": "user", "content": "7 * 8 " * 100}], ""), Prompt([{"role": "user", "content": "hi"}], "")
+    task = _Cycle([long] * 9 + [short])
+    fit.probe(task, 4)  # the first 4 are all too long, the 10th fits
+    assert task.position == 0
+    with pytest.raises(ContextError, match="none of the 40 sampled training prompts fits"):
+        fit.probe(_Cycle([long]), 4)
