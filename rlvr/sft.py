@@ -213,6 +213,7 @@ class Demonstrations:
             else:
                 raise SftDataError(f"only {len(out)} of the task's demonstrations drawn in {MAX_DRAWS} rounds fit "
                                    f"the context rollout.max_model_len={self.max_len}; raise it")
+            out = [dataclasses.replace(r, group=j) for j, r in enumerate(out)]  # one group each, across draws
             if self.too_long and not self.warned:
                 self.warned = True
                 log.warning("cold start: %d of the task's demonstrations are longer than the context "

@@ -25,6 +25,7 @@ def _metrics(run_dir: Path) -> list[dict]:
 def test_function_picking_with_arguments_trains(tmp_path, cache_dir):
     run_dir = tmp_path / "run"
     result = run_cli(["train", "+experiment=function_picking", *TINY, "data.distractors=1", "data.arguments=easy",
+                      "sft.steps=2", "sft.batch_size=4", "sft.warmup_steps=0",  # (the experiment's cold start, short)
                       "trainer.max_steps=2", "trainer.samples_every=1", "reward.workers=1",
                       f"hydra.run.dir={run_dir}"], cache=cache_dir)
     assert result.returncode == 0, result.stderr[-3000:]
