@@ -22,20 +22,12 @@ def summarise(rollouts: list[Rollout], rewards: Rewards, prefix: str = "") -> di
     for name in rewards.weights:
         out[f"{prefix}reward/{name}"] = sum(r.rewards[name] for r in rollouts) / n
     out[f"{prefix}accuracy"] = sum(rewards.is_correct(r) for r in rollouts) / n
-    levels: dict[str, list[bool]] = {}
-    for r in rollouts:
-        if "level" in r.prompt.meta:
-            levels.setdefault(str(r.prompt.meta["level"]), []).append(rewards.is_correct(r))
-    if len(levels) > 1:  # a task whose prompts carry meta["level"]: accuracy per level too
-        for level, correct in sorted(levels.items()):
-            out[f"{prefix}accuracy/{level}"] = sum(correct) / len(correct)
-    domains: dict[str, list[bool]] = {}
-    for r in rollouts:
-        if "domain" in r.prompt.meta:
-            domains.setdefault(str(r.prompt.meta["domain"]), []).append(rewards.is_correct(r))
-    if len(domains) > 1:  # prompts from several sources (e.g. BFCL's categories): accuracy per source too
-        for domain, correct in sorted(domains.items()):
-            out[f"{prefix}{domain}/accuracy"] = sum(correct) / len(correct)
+    # a task whose prompts carry several meta["level"]s (a curriculum) or meta["domain"]s (sources, e.g. BFCL's
+    # categories): accuracy per level and per source too
+    for level, accuracy in _accuracy_by("level", rollouts, rewards).items():
+        out[f"{prefix}accuracy/{level}"] = accuracy
+    for domain, accuracy in _accuracy_by("domain", rollouts, rewards).items():
+        out[f"{prefix}{domain}/accuracy"] = accuracy
     out[f"{prefix}completion_len/mean"] = sum(sum(r.model_mask) for r in rollouts) / n  # the model's own tokens
     out[f"{prefix}truncated_frac"] = sum(r.finish_reason == "length" for r in rollouts) / n
     if rollouts[0].conversation:  # multi-turn rollouts with tools
@@ -46,6 +38,15 @@ def summarise(rollouts: list[Rollout], rewards: Rewards, prefix: str = "") -> di
         out[f"{prefix}tokens/model"] = out[f"{prefix}completion_len/mean"]
         out[f"{prefix}tokens/tool"] = sum(len(r.completion_mask) - sum(r.completion_mask) for r in rollouts) / n
     return out
+
+
+def _accuracy_by(key: str, rollouts: list[Rollout], rewards: Rewards) -> dict[str, float]:
+    """Accuracy per value of `prompt.meta[key]`, sorted; empty unless the prompts carry two values or more."""
+    groups: dict[str, list[bool]] = {}
+    for r in rollouts:
+        if key in r.prompt.meta:
+            groups.setdefault(str(r.prompt.meta[key]), []).append(rewards.is_correct(r))
+    return {value: sum(c) / len(c) for value, c in sorted(groups.items())} if len(groups) > 1 else {}
 
 
 def sample_record(r: Rollout, rewards: Rewards, **extra) -> dict:

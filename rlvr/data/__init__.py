@@ -68,6 +68,32 @@ def set_rng_state(rng: random.Random, state: list) -> None:
     rng.setstate((version, tuple(internal), gauss))
 
 
+class Passes:
+    """Indices of `size` training items, pass after pass (`epoch` counts them), each pass in a new
+    seeded order (in item order with `shuffle=False`); its state goes into the task's checkpoint."""
+
+    def __init__(self, size: int, seed: int, shuffle: bool = True):
+        self.size, self.shuffle, self.rng = size, shuffle, random.Random(seed)
+        self.order: list[int] = []
+        self.position, self.epoch = 0, 0
+
+    def next(self) -> int:
+        if self.position >= len(self.order):
+            self.order = list(range(self.size))
+            if self.shuffle:
+                self.rng.shuffle(self.order)
+            self.position, self.epoch = 0, self.epoch + 1
+        self.position += 1
+        return self.order[self.position - 1]
+
+    def state_dict(self) -> dict:
+        return {"rng": rng_state(self.rng), "order": self.order, "position": self.position, "epoch": self.epoch}
+
+    def load_state_dict(self, state: dict) -> None:
+        set_rng_state(self.rng, state["rng"])
+        self.order, self.position, self.epoch = list(state["order"]), state["position"], state["epoch"]
+
+
 class TaskError(RlvrError, ValueError):
     """A task that cannot be built from the `data` config; the message says which key or file."""
 

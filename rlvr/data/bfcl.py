@@ -23,13 +23,14 @@ given its first acceptable value (left out where the ground truth allows it).
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import logging
 import random
 from pathlib import Path
 
-from rlvr.data import rng_state, set_rng_state
+from rlvr.data import Passes
 from rlvr.errors import RlvrError
 from rlvr.rewards.bfcl import ast_call
 from rlvr.tools import CALL_CLOSE, CALL_OPEN
@@ -137,19 +138,11 @@ class BfclTask:
                  "+".join(evaluate), len(rows) - len(kept), len(shared))
         self.overlap = {"questions_dropped": len(rows) - len(kept), "shared_function_names": sorted(shared)}
         self.train = [self._prompt(row) for row in kept]
-        # a few ground truths no call satisfies (a required argument with no acceptable value): not shown
-        self.demonstrable = {i for i, p in enumerate(self.train)
-                             if ast_call(demonstration_call(json.loads(p.answer), p.meta["functions"]), p) == 1.0}
-        if len(self.demonstrable) < len(self.train):
-            log.info("data=bfcl: %d training questions have a ground truth no call satisfies: never demonstrated",
-                     len(self.train) - len(self.demonstrable))
         if eval_size is not None and eval_size < len(held):  # a fixed sample, the same for every run
             chosen = sorted(random.Random(12345).sample(range(len(held)), eval_size))
             held = [held[i] for i in chosen]
         self.eval = held
-        self.rng = random.Random(seed)
-        self.order: list[int] = []
-        self.position, self.epoch = 0, 0
+        self.passes = Passes(len(self.train), seed)
 
     def _prompt(self, row: dict) -> Prompt:
         messages = [{"role": m["role"], "content": m["content"]} for m in row["question"]]
@@ -159,24 +152,28 @@ class BfclTask:
                       {"id": row["id"], "domain": row["category"], "functions": row["function"]},
                       tools=[tool_schema(f) for f in row["function"]])
 
-    def _next(self) -> Prompt:
-        if self.position >= len(self.order):
-            self.order = list(range(len(self.train)))
-            self.rng.shuffle(self.order)
-            self.position, self.epoch = 0, self.epoch + 1
-        self.position += 1
-        return self.train[self.order[self.position - 1]]
-
     def sample(self, n: int) -> list[Prompt]:
         """The next `n` training questions; a new shuffled pass starts when one ends."""
-        return [self._next() for _ in range(n)]
+        return [self.train[self.passes.next()] for _ in range(n)]
+
+    @functools.cached_property
+    def demonstrable(self) -> set[int]:
+        """The training questions a demonstration can answer right: a few ground truths no call satisfies
+        (a required argument with no acceptable value) are never shown. Worked out for a cold start only."""
+        right = {i for i, p in enumerate(self.train)
+                 if ast_call(demonstration_call(json.loads(p.answer), p.meta["functions"]), p) == 1.0}
+        if len(right) < len(self.train):
+            log.info("data=bfcl: %d training questions have a ground truth no call satisfies: never demonstrated",
+                     len(self.train) - len(right))
+        return right
 
     def demonstrations(self, n: int) -> list[Demonstration]:
         """The next `n` training questions with a worked answer: the ground truth's call (module docstring)."""
         out = []
         while len(out) < n:
-            p = self._next()
-            if self.order[self.position - 1] in self.demonstrable:
+            k = self.passes.next()
+            if k in self.demonstrable:
+                p = self.train[k]
                 call = demonstration_call(json.loads(p.answer), p.meta["functions"])
                 out.append(Demonstration(p, [{"role": "assistant", "content": call}]))
         return out
@@ -188,11 +185,10 @@ class BfclTask:
         pass
 
     def metrics(self) -> dict[str, float]:
-        return {"data/epoch": float(self.epoch)}
+        return {"data/epoch": float(self.passes.epoch)}
 
     def state_dict(self) -> dict:
-        return {"rng": rng_state(self.rng), "order": self.order, "position": self.position, "epoch": self.epoch}
+        return self.passes.state_dict()
 
     def load_state_dict(self, state: dict) -> None:
-        set_rng_state(self.rng, state["rng"])
-        self.order, self.position, self.epoch = list(state["order"]), state["position"], state["epoch"]
+        self.passes.load_state_dict(state)

@@ -23,7 +23,7 @@ import math
 import random
 from pathlib import Path
 
-from rlvr.data import rng_state, set_rng_state
+from rlvr.data import Passes
 from rlvr.errors import RlvrError
 from rlvr.types import Prompt
 
@@ -167,9 +167,7 @@ class DatasetTask:
             prompts = self._fitting(prompts, tokenizer, max_prompt_tokens, path)
             eval_prompts = self._fitting(eval_prompts, tokenizer, max_prompt_tokens, eval_path or path)
         self.train, self.eval = prompts, eval_prompts[:eval_size] if eval_path else eval_prompts
-        self.shuffle, self.rng = shuffle, random.Random(seed)
-        self.order: list[int] = []
-        self.position, self.epoch = 0, 0
+        self.passes = Passes(len(self.train), seed, shuffle)
 
     def _prompt(self, row: dict, where: str, row_no: int) -> Prompt:
         """The prompt of `row` (`where`: the file and the row's line, for errors; `row_no`: its place in the
@@ -218,16 +216,7 @@ class DatasetTask:
 
     def sample(self, n: int) -> list[Prompt]:
         """The next `n` training prompts; a new (shuffled) pass over the rows starts when one ends."""
-        out = []
-        while len(out) < n:
-            if self.position >= len(self.order):
-                self.order = list(range(len(self.train)))
-                if self.shuffle:
-                    self.rng.shuffle(self.order)
-                self.position, self.epoch = 0, self.epoch + 1
-            out.append(self.train[self.order[self.position]])
-            self.position += 1
-        return out
+        return [self.train[self.passes.next()] for _ in range(n)]
 
     def eval_prompts(self) -> list[Prompt]:
         return self.eval
@@ -236,11 +225,10 @@ class DatasetTask:
         pass
 
     def metrics(self) -> dict[str, float]:
-        return {"data/epoch": float(self.epoch)}
+        return {"data/epoch": float(self.passes.epoch)}
 
     def state_dict(self) -> dict:
-        return {"rng": rng_state(self.rng), "order": self.order, "position": self.position, "epoch": self.epoch}
+        return self.passes.state_dict()
 
     def load_state_dict(self, state: dict) -> None:
-        set_rng_state(self.rng, state["rng"])
-        self.order, self.position, self.epoch = list(state["order"]), state["position"], state["epoch"]
+        self.passes.load_state_dict(state)

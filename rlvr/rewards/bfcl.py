@@ -26,12 +26,11 @@ import json
 import re
 from typing import Any
 
-from rlvr.tools import CALL_CLOSE, CALL_OPEN
+from rlvr.tools import all_calls, read_call
 
 # The schema's type names (BFCL's, not JSON Schema's) and the Python type a value must have.
 TYPES: dict[str, type] = {"string": str, "integer": int, "float": float, "boolean": bool, "array": list,
                           "tuple": list, "dict": dict, "any": str}
-_CALL = re.compile(re.escape(CALL_OPEN) + r"(.*?)" + re.escape(CALL_CLOSE), re.DOTALL)
 _IGNORED = re.compile(r"[ ,./\-_*^]")
 
 
@@ -51,12 +50,9 @@ def ast_call(completion: str, prompt) -> float:
     >>> ast_call("I would call area with base 10.", p)
     0.0
     """
-    try:
-        calls = parse_calls(completion)
-        expected = json.loads(prompt.answer)
-    except ValueError:
-        return 0.0
-    return float(calls is not None and why_not(calls, prompt.meta.get("functions") or [], expected) is None)
+    calls, expected = parse_calls(completion), _expected(prompt)
+    return float(calls is not None and expected is not None
+                 and why_not(calls, prompt.meta.get("functions") or [], expected) is None)
 
 
 def called_function(completion: str, prompt) -> float:
@@ -68,35 +64,26 @@ def called_function(completion: str, prompt) -> float:
     >>> called_function('<tool_call>{"name": "area", "arguments": {"base": "ten"}}</tool_call>', p)
     1.0
     """
+    calls, expected = parse_calls(completion), _expected(prompt)
+    return float(bool(calls) and bool(expected) and calls[0][0] in expected[0])
+
+
+def _expected(prompt) -> list[dict] | None:
+    """The ground truth's calls (`prompt.answer`, BFCL's `ground_truth` as JSON); None if it is not a list."""
     try:
-        calls = parse_calls(completion)
         expected = json.loads(prompt.answer)
     except ValueError:
-        return 0.0
-    return float(bool(calls) and isinstance(expected, list) and bool(expected) and calls[0][0] in expected[0])
+        return None
+    return expected if isinstance(expected, list) else None
 
 
 def parse_calls(text: str) -> list[tuple[str, dict]] | None:
-    """Every `<tool_call>` of `text`, in order, as (name, arguments); None when any does not parse as
-    {"name": str, "arguments": object} (arguments given as a JSON string are read too)."""
-    out = []
-    for body in _CALL.findall(text):
-        try:
-            call = json.loads(body)
-        except ValueError:
-            return None
-        if not isinstance(call, dict) or not isinstance(call.get("name"), str):
-            return None
-        args = call.get("arguments", {})
-        if isinstance(args, str):
-            try:
-                args = json.loads(args)
-            except ValueError:
-                return None
-        if not isinstance(args, dict):
-            return None
-        out.append((call["name"], args))
-    return out
+    """Every `<tool_call>` of `text`, in order, as (name, arguments) (rlvr.tools.read_call, as the rollouts
+    read a call); None when any of them does not parse."""
+    try:
+        return [read_call(body) for body in all_calls(text)]
+    except ValueError:
+        return None
 
 
 def why_not(calls: list[tuple[str, dict]], functions: list[dict], expected: list[dict]) -> str | None:

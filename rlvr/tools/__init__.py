@@ -104,8 +104,18 @@ def parse_call(text: str) -> tuple[str, dict[str, Any]] | None:
     calls = _CALL.findall(text)
     if not calls:
         raise ValueError(f"{CALL_CLOSE} without a {CALL_OPEN} before it")
+    return read_call(calls[-1])
+
+
+def all_calls(text: str) -> list[str]:
+    """The bodies of every `<tool_call>…</tool_call>` of `text`, in order."""
+    return _CALL.findall(text)
+
+
+def read_call(body: str) -> tuple[str, dict[str, Any]]:
+    """The (name, arguments) of one call's body; raises ValueError saying what is wrong with it."""
     try:
-        call = json.loads(calls[-1])
+        call = json.loads(body)
     except json.JSONDecodeError as e:
         raise ValueError(f"the call is not JSON ({e})") from None
     if not isinstance(call, dict) or not isinstance(call.get("name"), str):
@@ -126,10 +136,6 @@ class ToolBox:
 
     def __init__(self, tools: dict[str, Tool], timeout_s: float | None, max_output_chars: int):
         self.tools, self.timeout_s, self.max_output_chars = tools, timeout_s, max_output_chars
-
-    def template_takes_tools(self, tokenizer) -> bool:
-        """Whether the tokenizer's chat template presents tools itself (renders `tools=`)."""
-        return takes_tools(tokenizer)
 
     def schemas(self) -> list[dict[str, Any]]:
         return [t.schema() for t in self.tools.values()]
