@@ -10,6 +10,9 @@ import torch
 from rlvr.config import LoraConfig
 from rlvr.models import ModelError
 
+# `model.lora.target_modules: [all-linear]`: adapters on every linear layer of the decoder layers.
+ALL_LINEAR = "all-linear"
+
 
 def with_adapters(model: torch.nn.Module, lora: LoraConfig, adapter_path: Path | None) -> torch.nn.Module:
     """`model` with LoRA adapters (peft): trainable adapters on `lora.target_modules`, base frozen;
@@ -18,14 +21,17 @@ def with_adapters(model: torch.nn.Module, lora: LoraConfig, adapter_path: Path |
 
     if adapter_path is not None:
         return PeftModel.from_pretrained(model, adapter_path, is_trainable=True)
-    present = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
-    missing = [m for m in lora.target_modules if m not in present]
-    if missing:
-        raise ModelError(f"model.lora.target_modules: this model has no layer named {', '.join(missing)} "
-                         f"(its {model.config.model_type} layers include {', '.join(sorted(present)[:12])}, ...)")
+    targets: list[str] | str = list(lora.target_modules)
+    if targets == [ALL_LINEAR]:
+        targets = ALL_LINEAR  # peft's: every linear layer but the output head, whatever the family names them
+    else:
+        present = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
+        missing = [m for m in targets if m not in present]
+        if missing:
+            raise ModelError(f"model.lora.target_modules: this model has no layer named {', '.join(missing)} "
+                             f"(its {model.config.model_type} layers include {', '.join(sorted(present)[:12])}, ...)")
     return get_peft_model(model, LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-                                            target_modules=list(lora.target_modules), bias="none",
-                                            task_type="CAUSAL_LM"))
+                                            target_modules=targets, bias="none", task_type="CAUSAL_LM"))
 
 
 @torch.no_grad()

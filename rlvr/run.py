@@ -28,7 +28,7 @@ from rlvr.precision import Precision, pick_device
 from rlvr.precision import resolve as resolve_precision
 from rlvr.prompts import PromptFit
 from rlvr.rewards import Rewards
-from rlvr.rollout.engine import Canary, Engine, build_engine, canary_sequence, check_backend, check_memory
+from rlvr.rollout.engine import Canary, Engine, build_engine, canary_sequence, check_backend, check_engine
 from rlvr.rollout.multiturn import Generate, build_tools, rollout_generator
 from rlvr.types import Prompt
 
@@ -81,6 +81,7 @@ def build(cfg: TrainConfig, run_dir: Path, training: bool = True, wrap_task=None
         tools = build_tools(cfg.tools, cfg.rollout)
         model_path = models.resolve(cfg.model, Path(cfg.cache_dir))
         log.info("model: %s", model_path)
+        models.check(model_path)
         task = build_task(cfg, model_path)
         if wrap_task is not None:
             from transformers import AutoTokenizer
@@ -90,7 +91,7 @@ def build(cfg: TrainConfig, run_dir: Path, training: bool = True, wrap_task=None
         log.info("device %s (launch.device=%s), %s engine; precision: learner %s, engine %s, canary tolerance %g "
                  "(%s)", device, cfg.launch.device, cfg.rollout.backend, precision.learner, precision.engine_dtype,
                  precision.canary_tol, precision.why)
-        check_memory(cfg.rollout, model_path, precision.engine_dtype, device)
+        check_engine(cfg.rollout, model_path, precision.engine_dtype, device)
         if cfg.launch.num_threads is not None:  # before the engine starts: vLLM pins its threads
             torch.set_num_threads(cfg.launch.num_threads)
         if not training:

@@ -14,7 +14,7 @@ computation, exactly as G full rows would give it. A group whose completions do 
 continues in the next, its prompt placed again there. Completion lengths vary widely within a group
 (3 to 48 tokens in one step of `make train`), so padded rows ran the model on ~40 % padding.
 Tested equal to the full-row path (logprobs, loss and every parameter's gradient) on the tiny and
-the default model.
+the default model, and on a tiny model of each family in `TESTED`.
 """
 
 from __future__ import annotations
@@ -23,8 +23,9 @@ import torch
 
 from rlvr.logprobs import target_logprobs
 
-# Model families (config.model_type) on which this path is tested equal to the full rows.
-TESTED = ("llama",)
+# Model families (config.model_type) on which this path is tested equal to the full rows
+# (tests/test_families.py): sliding windows, q/k norms, soft-capping, scaled and fused layers among them.
+TESTED = ("llama", "qwen2", "qwen3", "gemma2", "gemma3_text", "mistral", "phi3", "olmo2", "granite")
 # Tokens packed into one row of the forward (at least the longest prompt + completion). Attention over a
 # packed row costs its length squared instead of the sum of its sequences' squares; at 512 that is
 # small beside the rest of the model.
@@ -77,6 +78,28 @@ def packed_shape(attention_mask: torch.Tensor, prompt_lens: torch.Tensor, groups
     return len(lanes), max(widths), sum(widths)
 
 
+def attention_masks(config, allowed: torch.Tensor, positions: torch.Tensor) -> torch.Tensor | dict[str, torch.Tensor]:
+    """The mask the model takes for a packed forward whose tokens may see what `allowed` [lanes, 1, W, W]
+    says, at `positions` [lanes, W]: with a sliding window (Mistral's on every layer; Gemma's on the
+    layers `config.layer_types` names) a token also sees only the `sliding_window` positions up to its
+    own, as transformers' own masks have it; a model of several layer types takes one mask per type.
+    SDPA takes a boolean mask; eager attention adds its mask to the scores."""
+    window = getattr(config, "sliding_window", None)
+    sliding = allowed
+    if window is not None:
+        sliding = allowed & (positions[:, None, :, None] - positions[:, None, None, :] < window)
+
+    def kernel_mask(m: torch.Tensor) -> torch.Tensor:
+        if config._attn_implementation != "eager":
+            return m
+        return torch.zeros(m.shape, device=m.device).masked_fill_(~m, torch.finfo(torch.float32).min)
+
+    types = getattr(config, "layer_types", None)
+    if types is None:
+        return kernel_mask(sliding)
+    return {kind: kernel_mask(sliding if kind == "sliding_attention" else allowed) for kind in set(types)}
+
+
 def shared_prefix_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                            prompt_lens: torch.Tensor, groups: torch.Tensor, temperature: float = 1.0,
                            pack_tokens: int = PACK_TOKENS) -> torch.Tensor:
@@ -119,9 +142,7 @@ def shared_prefix_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, atte
     allowed = ((seg[:, :, None] == seg[:, None, :]) & (cols[None, :] <= cols[:, None]) & (seg[:, :, None] >= 0)
                | (ctx[:, :, None] == seg[:, None, :]) & (ctx[:, :, None] >= 0)
                | torch.eye(w, dtype=torch.bool, device=device))[:, None]  # [lanes, 1, W, W]
-    mask = allowed  # SDPA takes a boolean mask; eager attention adds its mask to the scores
-    if model.config._attn_implementation == "eager":
-        mask = torch.zeros(allowed.shape, device=device).masked_fill_(~allowed, torch.finfo(torch.float32).min)
+    mask = attention_masks(model.config, allowed, positions)
     # Logits only where they score something: completion tokens (the next one) and prompts' last tokens.
     s_lane, s_col = torch.tensor(scorer, device=device).T  # [n]
     scores = (ctx >= 0).index_put((s_lane, s_col), torch.tensor(True, device=device))

@@ -314,7 +314,8 @@ def test_a_model_that_is_not_a_causal_lm_is_named(tmp_path, cache_dir, tiny_path
     result = cli_here(["train", "model=local", f"model.path={folder}", f"hydra.run.dir={tmp_path}/run"],
                      cache=cache_dir)
     assert result.returncode == 1
-    assert f"model.path='{folder}' cannot be loaded as a causal LM" in result.stderr
+    assert (f"model.path='{folder}' (a 'distilbert' model, DistilBertModel) cannot be loaded as a causal LM: this "
+            "transformers has none for model_type 'distilbert'") in result.stderr
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
 
 
@@ -324,7 +325,8 @@ def test_a_tokenizer_without_chat_template_is_named(tmp_path, cache_dir, tiny_pa
     result = cli_here(["train", "model=local", f"model.path={folder}", f"hydra.run.dir={tmp_path}/run"],
                      cache=cache_dir)
     assert result.returncode == 1
-    assert f"the tokenizer of model.path='{folder}' has no chat template" in result.stderr
+    assert f"model.path='{folder}' (a 'llama' model, LlamaForCausalLM) has a tokenizer without a chat template" \
+        in result.stderr
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
 
 

@@ -25,9 +25,6 @@ def load_policy(model_path: Path):
     except (OSError, ValueError) as e:
         raise ModelError(f"model.path={str(model_path)!r} cannot be loaded as a causal LM: {e}") from e
     tokenizer = AutoTokenizer.from_pretrained(model_path)
-    if tokenizer.chat_template is None:
-        raise ModelError(f"the tokenizer of model.path={str(model_path)!r} has no chat template; the task's "
-                         "prompts are chat messages. Use an instruct/chat model or add a chat_template.")
     return model, tokenizer
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -38,6 +39,31 @@ def resolve(cfg: ModelConfig, cache_dir: Path) -> Path:
     if not (path / "config.json").is_file():
         raise ModelError(f"model.path={str(path)!r} has no config.json: not a Hugging Face model folder.")
     return path
+
+
+def describe(path: Path) -> str:
+    """`model.path='…' (a <family> model, <architecture>)`, as errors about a model folder name it."""
+    try:
+        config = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError):
+        return f"model.path={str(path)!r}"
+    return f"model.path={str(path)!r} (a {config.get('model_type')!r} model, {', '.join(config.get('architectures') or ['?'])})"
+
+
+def check(path: Path) -> None:
+    """Refuse, before anything loads, a folder that transformers cannot load as a causal LM or whose
+    tokenizer has no chat template (every task's prompts are chat messages, rendered by it)."""
+    from transformers import AutoTokenizer
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    model_type = json.loads((path / "config.json").read_text()).get("model_type")
+    if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        raise ModelError(f"{describe(path)} cannot be loaded as a causal LM: this transformers has none for "
+                         f"model_type {model_type!r}.")
+    if AutoTokenizer.from_pretrained(path).chat_template is None:
+        raise ModelError(f"{describe(path)} has a tokenizer without a chat template; the task's prompts are chat "
+                         "messages. Use an instruct/chat model, or add a chat_template (chat_template.jinja) to "
+                         "the folder.")
 
 
 def _build_if_missing(cfg: ModelConfig, path: Path, cache_dir: Path) -> None:

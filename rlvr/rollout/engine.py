@@ -86,7 +86,7 @@ class Engine(Protocol):
 
 def build_engine(model_path: Path, cfg: RolloutConfig, dtype: str, seed: int, device: str, cache_dir: Path) -> Engine:
     """The engine of `cfg.backend` (`cfg`: the rollout config) serving the model folder `model_path`
-    in `dtype` on `device`; `check_backend` and `check_memory` have said it can run."""
+    in `dtype` on `device`; `check_backend` and `check_engine` have said it can run."""
     backend = cfg.backend
     if backend == "vllm":
         from rlvr.rollout.vllm_engine import VllmEngine
@@ -120,12 +120,13 @@ def check_backend(backend: str, device: str) -> None:
                                 "build): use rollout.backend=transformers")
 
 
-def check_memory(cfg: RolloutConfig, model_path: Path, dtype: str, device: str) -> None:
-    """Refuse, before any model loads, engine memory settings (`cfg`: the rollout config) too small
-    for this model."""
+def check_engine(cfg: RolloutConfig, model_path: Path, dtype: str, device: str) -> None:
+    """Refuse, before any model loads, a model the engine cannot serve here, or engine memory settings
+    (`cfg`: the rollout config) too small for it."""
     if cfg.backend == "vllm":
-        from rlvr.rollout.vllm_engine import check_kv_cache
+        from rlvr.rollout.vllm_engine import check_kv_cache, check_model
 
+        check_model(model_path, device)
         check_kv_cache(model_path, cfg, dtype, device)
 
 

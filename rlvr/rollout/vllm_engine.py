@@ -29,6 +29,35 @@ from rlvr.types import Prompt, Rollout
 log = logging.getLogger(__name__)
 
 
+def check_model(model_path: Path, device: str) -> None:
+    """Refuse, before anything loads, a model this engine cannot serve in the learner's process: an
+    architecture vLLM has no implementation of its own for (it would serve it through its transformers
+    backend, which patches transformers' model classes in place: the learner's model, of the same
+    classes, then fails at its first forward), or on CPU a head size its attention kernels refuse."""
+    from vllm.model_executor.models.registry import _TEXT_GENERATION_MODELS  # vLLM's own implementations
+
+    from rlvr.models import describe
+
+    config = json.loads((model_path / "config.json").read_text())
+    for architecture in config.get("architectures") or []:
+        if architecture not in _TEXT_GENERATION_MODELS:
+            raise EngineConfigError(
+                f"{describe(model_path)}: vLLM has no implementation of its own for {architecture} (it would serve it "
+                "through its transformers backend, which changes transformers' model classes in this process, the "
+                "learner's too). Use rollout.backend=transformers, or a model of a family vLLM implements.")
+    if device == "cpu":
+        from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+        text = config.get("text_config", config)
+        heads = text.get("num_attention_heads")
+        head_dim = text.get("head_dim") or (text["hidden_size"] // heads if heads and "hidden_size" in text else None)
+        supported = CPUAttentionBackend.get_supported_head_sizes()
+        if head_dim is not None and head_dim not in supported:
+            raise EngineConfigError(
+                f"{describe(model_path)}: attention heads of size {head_dim}, which vLLM's CPU attention cannot "
+                f"run (it takes {', '.join(map(str, supported))}). Use rollout.backend=transformers, or a GPU.")
+
+
 def check_kv_cache(model_path: Path, cfg: RolloutConfig, dtype: str, device: str) -> None:
     """On CPU, refuse a `rollout.kv_cache_gib` too small for one sequence of `rollout.max_model_len`
     tokens, before anything loads (vLLM's own error would point at a GPU setting)."""
@@ -148,6 +177,9 @@ class VllmEngine:
             logprobs_mode="processed_logprobs",
             **kwargs,
         )
+        # A model that computes its logits with the embedding (vLLM's Gemma) has no LM head to load: the
+        # learner's tied head, the embedding itself, is not sent to it.
+        self.unloadable = set() if self.llm.collective_rpc(_has_head)[0] else {"lm_head.weight"}
         if device.startswith("cuda") and distributed.world_size() > 1:  # (vLLM makes its device the current one)
             local = int(os.environ.get("LOCAL_RANK", "0"))
             if torch.cuda.current_device() != local:
@@ -206,9 +238,8 @@ class VllmEngine:
         The engine runs in this process, so it consumes `named_tensors` as they come: one tensor in the
         engine's dtype exists at a time besides the engine's own weights (across processes each is
         gathered from the shards as the engine asks for it)."""
-        self.llm.collective_rpc(
-            "reload_weights", kwargs={"weights_iterator": iter(named_tensors), "is_checkpoint_format": True}
-        )
+        weights = ((name, t) for name, t in named_tensors if name not in self.unloadable)
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True})
         if not self.llm.reset_prefix_cache():
             raise WeightSyncError("after the weight sync vLLM could not reset its prefix cache (requests still "
                                   "running?): cached KV of the old weights would be served")
@@ -252,6 +283,11 @@ class VllmEngine:
             torch.cuda.empty_cache()
 
 
+def _has_head(worker) -> bool:
+    """Run by the vLLM worker: whether its model has an LM head of its own."""
+    return hasattr(worker.model_runner.model, "lm_head")
+
+
 @torch.no_grad()
 def _held_digests(worker, offset: int) -> dict[str, str]:
     """Run by the vLLM worker: the digest of the window at `offset` of each weight of its model, by
@@ -279,7 +315,7 @@ def _held_digests(worker, offset: int) -> dict[str, str]:
                 tensor = window(tensor, offset)
             prefix, _, leaf = name.rpartition(".")
             prefix = f"{prefix}." if prefix else ""
-            if leaf in packed and hasattr(module, "output_sizes"):
+            if len(packed.get(leaf, ())) > 1 and hasattr(module, "output_sizes"):  # (Phi-3's are fused on disk too)
                 parts = zip(packed[leaf], tensor.split(module.output_sizes), strict=True)
                 digests.update({f"{prefix}{part}.{kind}": digest(t.to(dtype)) for part, t in parts})
             else:
