@@ -28,6 +28,8 @@ def between_turns(tokenizer, tools: ToolBox | None, messages: list[dict[str, str
     """Token ids that close an assistant turn, give `messages` (a tool's result, say), and open the
     assistant's next turn, as the chat template writes them: what rlvr appends between the model's
     turns (the rollouts here, and the cold start's demonstrations, rlvr.sft)."""
+    # (Mistral's template wants each tool message's call id, of at least 9 characters; others ignore it.)
+    messages = [{"tool_call_id": "000000000", **m} if m["role"] == "tool" else m for m in messages]
     text = render_with_tools(tokenizer, [{"role": "user", "content": "?"}, {"role": "assistant", "content": _SENTINEL},
                                          *messages], tools, tokenize=False)
     return tokenizer(text[text.index(_SENTINEL) + len(_SENTINEL):], add_special_tokens=False).input_ids

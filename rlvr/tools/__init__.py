@@ -174,10 +174,13 @@ _PROBE_TOOL = {"type": "function", "function": {"name": "probe", "description": 
 
 
 def takes_tools(tokenizer) -> bool:
-    """Whether the tokenizer's chat template presents tools itself (renders `tools=`)."""
+    """Whether the tokenizer's chat template presents tools itself (renders `tools=`) and asks for calls in
+    rlvr's protocol (`CALL_OPEN` … `CALL_CLOSE`, as Qwen's templates do). A template that asks for
+    another format (Llama 3's bare JSON, Gemma's Python calls) is not given the tools: rlvr presents them
+    with its own protocol (`instructions`), which is the one its rollouts read."""
     probe = [{"role": "user", "content": "?"}]
-    return (tokenizer.apply_chat_template(probe, tools=[_PROBE_TOOL], tokenize=False)
-            != tokenizer.apply_chat_template(probe, tokenize=False))
+    with_tools = tokenizer.apply_chat_template(probe, tools=[_PROBE_TOOL], tokenize=False)
+    return with_tools != tokenizer.apply_chat_template(probe, tokenize=False) and CALL_OPEN in with_tools
 
 
 def instructions(schemas: list[dict[str, Any]]) -> str:
