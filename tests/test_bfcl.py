@@ -198,7 +198,8 @@ def test_the_split_never_trains_on_an_evaluated_question():
 
 def test_functions_are_presented_as_the_template_presents_tools(tiny_path):
     """A template without `tools=` (the tiny model's, SmolLM2's) gets the rollouts' tool instructions in
-    the system message; one with `tools=` gets the schemas through it, with JSON Schema's type names."""
+    the system message; one with `tools=` that asks for rlvr's `<tool_call>` protocol (Qwen's) gets the
+    schemas through it, with JSON Schema's type names."""
     from transformers import AutoTokenizer
 
     from rlvr.prompts import render
@@ -209,11 +210,13 @@ def test_functions_are_presented_as_the_template_presents_tools(tiny_path):
     text = tok.decode(render(tok, prompt))
     assert "You can call tools" in text and all(f'"name": "{f["name"]}"' in text for f in prompt.meta["functions"])
     assert '"type": "object"' in text and '"type": "dict"' not in text
-    tok.chat_template = ("{% if tools %}TOOLS:{{ tools | tojson }}\n{% endif %}{% for m in messages %}{{ m.role }}: "
+    tok.chat_template = ("{% if tools %}TOOLS:{{ tools | tojson }} Call as <tool_call>{...}</tool_call>\n{% endif %}"
+                         "{% for m in messages %}{{ m.role }}: "
                          "{{ m.content }}\n{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}")
     text = tok.decode(render(tok, prompt))
     assert text.startswith("TOOLS:") and "You can call tools" not in text
-    assert json.loads(text.split("\n")[0].removeprefix("TOOLS:")) == [tool_schema(f) for f in prompt.meta["functions"]]
+    schemas = text.split("\n")[0].removeprefix("TOOLS:").removesuffix(" Call as <tool_call>{...}</tool_call>")
+    assert json.loads(schemas) == [tool_schema(f) for f in prompt.meta["functions"]]
 
 
 def test_doctests():

@@ -34,8 +34,10 @@ def check_model(model_path: Path, device: str) -> None:
     architecture vLLM has no implementation of its own for (it would serve it through its transformers
     backend, which patches transformers' model classes in place: the learner's model, of the same
     classes, then fails at its first forward), or on CPU a head size its attention kernels refuse."""
-    from vllm.model_executor.models.registry import _TEXT_GENERATION_MODELS  # vLLM's own implementations
-
+    try:
+        from vllm.model_executor.models.registry import _TEXT_GENERATION_MODELS  # vLLM's own implementations
+    except ImportError:
+        return  # (starting the engine says what is wrong with the install)
     from rlvr.models import describe
 
     config = json.loads((model_path / "config.json").read_text())
