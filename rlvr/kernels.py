@@ -79,8 +79,9 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
 def compile_layers(model: torch.nn.Module) -> None:
     """torch.compile each decoder layer of `model` in place (the weights keep their names, for checkpoints
     and syncs), with dynamic shapes: every width and every layer share a graph. A run compiles a few,
-    one per grad mode, attention mask dtype (eager or SDPA) and one row or more: 5 in `make train`,
-    under torch's recompile_limit of 8 (past it the layer runs eager, with a warning)."""
+    one per grad mode, attention mask dtype (eager or SDPA) and one row or more: 5 in `make train` before
+    the bf16 canary's second reference (a forward without autocast) added one, under torch's
+    recompile_limit of 8 (past it the layer runs eager, with a warning)."""
     if distributed.world_size() > 1:
         raise ModelError("learner.compile=true is not supported across processes yet: use one process, "
                          "or learner.compile=auto")

@@ -139,7 +139,8 @@ def build(cfg: TrainConfig, run_dir: Path, training: bool = True, wrap_task=None
         # A fixed sequence whose logprobs engine and learner must agree on after every sync.
         answer = run.tokenizer(CANARY_ANSWER, add_special_tokens=False).input_ids
         run.canary = Canary(canary_sequence(min(run.eval_ids, key=len), answer, run.engine.block_size(),
-                                            cfg.rollout.max_model_len), precision.canary_tol)
+                                            cfg.rollout.max_model_len), precision.canary_tol,
+                            drift=precision.engine_dtype == "bfloat16")
         return run
 
 

@@ -82,3 +82,45 @@ def test_a_bf16_mixed_run_trains_with_a_bf16_engine(tmp_path, cache_dir, tiny_pa
     assert manifest["compiled"] is (shutil.which("g++") is not None)
     # the float32 checkpoint cast to the bf16 engine's dtype is what was asked for: no line per weight
     assert "Attempted to load weight" not in result.stdout + result.stderr
+
+
+@pytest.mark.slow
+def test_a_bf16_engine_serving_weights_corrupted_before_the_sync_is_caught(cache_dir, tiny_path):
+    """Weights corrupted on the learner's side before their digests are taken (layers swapped by a wrong
+    name map): the engine holds exactly what was sent and the bf16 tolerance (8 nats at the largest
+    position) lets it through; the mean difference against the learner's own rounding (its float32
+    logprobs against bf16) stops it. Honest syncs after real updates pass."""
+    from rlvr.learner import Learner, make_batch
+    from rlvr.precision import resolve
+    from rlvr.prompts import render
+    from rlvr.rollout.engine import Canary, WeightSyncError, canary_sequence
+    from rlvr.rollout.vllm_engine import VllmEngine
+    from rlvr.types import Prompt
+
+    cfg = compose_config(["model=tiny", "optim.lr=1e-2", "rollout.max_tokens=16", "learner.precision=bf16-mixed",
+                          "learner.compile=false"], cache_dir)
+    precision = resolve("bf16-mixed", "bfloat16", None, "cpu")
+    torch.manual_seed(0)
+    learner = Learner(tiny_path, cfg.optim, cfg.algorithm, cfg.learner, 1.0, 16, "cpu", precision)
+    engine = VllmEngine(tiny_path, cfg.rollout, "bfloat16", seed=0, device="cpu", cache_dir=cache_dir)
+    prompts = [Prompt(messages=[{"role": "user", "content": f"What is {a} * 7?"}], answer="") for a in (12, 3456)]
+    ids = [render(learner.policy.tokenizer, p) for p in prompts]
+    sequence = canary_sequence(ids[0], [5, 6, 7, 8], engine.block_size(), 1024)
+    checked, unchecked = Canary(sequence, precision.canary_tol, drift=True), Canary(sequence, precision.canary_tol)
+    try:
+        for step in range(2):
+            batch = make_batch(engine.generate(prompts, ids, n=4, seed=step), learner.policy.pad_id)
+            batch.advantages = torch.tensor([1.0, -1.0] * 4)
+            learner.step(batch)
+            engine.load_weights(learner.policy.named_weights(torch.bfloat16))
+            checked.check(engine, learner.scorer.sequence_logprobs)  # honest
+        weights = dict(learner.policy.named_weights(torch.bfloat16))
+        first, last = "model.layers.0.mlp.down_proj.weight", "model.layers.1.mlp.down_proj.weight"
+        weights[first], weights[last] = weights[last], weights[first]
+        engine.load_weights(unchecked.watch(weights.items()))
+        assert unchecked.check(engine, learner.scorer.sequence_logprobs) < precision.canary_tol  # passed before
+        engine.load_weights(checked.watch(weights.items()))
+        with pytest.raises(WeightSyncError, match="times what rounding alone moves the learner's own"):
+            checked.check(engine, learner.scorer.sequence_logprobs)
+    finally:
+        engine.close()

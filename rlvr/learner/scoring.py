@@ -99,15 +99,19 @@ class Scorer:
         return out
 
     @torch.no_grad()
-    def sequence_logprobs(self, token_ids: list[int]) -> torch.Tensor:
+    def sequence_logprobs(self, token_ids: list[int], other_precision: bool = False) -> torch.Tensor:
         """Logprobs [len - 1] of tokens 1.. of one sequence at temperature 1 (for the canary), without
-        dropout: the deterministic policy the engine serves."""
+        dropout: the deterministic policy the engine serves. `other_precision`: computed in float32 under
+        bf16-mixed, under bf16 autocast in fp32 (the canary's second reference: how far rounding alone
+        moves them)."""
         model = self.policy.model
         ids = torch.tensor([token_ids], device=self.policy.device)
         self._pick_attention(model, 1, len(token_ids))  # the same kernel at every check: bit-for-bit logprobs
         model.eval()
+        bf16 = self.bf16 != other_precision
         try:
-            with self.forward_context():
+            with torch.autocast(device_type=torch.device(self.policy.device).type, dtype=torch.bfloat16,
+                                enabled=bf16), attention_kernels(self.policy.device):
                 return token_logprobs(model, ids, torch.ones_like(ids))[0]
         finally:
             model.train()

@@ -35,6 +35,9 @@ log = logging.getLogger(__name__)
 
 # Tokens the canary check samples from its prompt (see `canary_logprobs`).
 CANARY_NEW_TOKENS = 4
+# With a bf16 engine, the most the engine's mean canary difference from the learner may be, in times the
+# learner's own float32-against-bf16 difference, plus nats (`Canary`, scripts/export_faults.py).
+DRIFT_RATIO, DRIFT_FLOOR = 8.0, 1e-4
 
 
 class Engine(Protocol):
@@ -168,6 +171,21 @@ def _within(engine_logprobs: torch.Tensor, learner_logprobs: torch.Tensor, tol: 
     return diff
 
 
+def _no_drift(engine_logprobs: torch.Tensor, learner_logprobs: torch.Tensor, reference: torch.Tensor) -> None:
+    """Raise when the engine's mean difference from the learner is more than `DRIFT_RATIO` times what
+    rounding alone does to the learner's own logprobs (`reference`: in its other precision), plus
+    `DRIFT_FLOOR` (see `Canary`)."""
+    drift = (engine_logprobs - learner_logprobs).abs().mean().item()
+    noise = (reference - learner_logprobs).abs().mean().item()
+    if not drift <= DRIFT_RATIO * noise + DRIFT_FLOOR:
+        raise WeightSyncError(
+            f"after the weight sync the engine's logprobs of the canary sequence differ from the learner's by "
+            f"{drift:.3g} nats on average, {drift / max(noise, 1e-12):.0f} times what rounding alone moves the "
+            f"learner's own ({noise:.3g}: float32 against bf16; an honest bf16 engine stays within {DRIFT_RATIO}): "
+            "the engine does not compute with the learner's weights, though it holds what was sent (weights "
+            "corrupted before the sync: a wrong name map, merge or cast).")
+
+
 def learner_moved_alone(now: tuple[torch.Tensor, torch.Tensor], last: tuple[torch.Tensor, torch.Tensor]) -> bool:
     """Whether, between two checks, the learner's logprobs of the canary sequence moved while the
     engine's stayed bit for bit the same (`now`, `last`: (engine, learner) logprobs of its positions)."""
@@ -204,10 +222,19 @@ class Canary:
     the norms and embeddings stay float32) while no weight of the bf16 engine crosses a bf16 rounding
     step; with Adam, a step of any usual learning rate moves a share of the weights across (about
     lr / 1e-4 of them per step): about a million on a 135M model at 1e-6.
+
+    With a bf16 engine (`drift`), weights corrupted on the learner's side before their digests are
+    taken (a wrong name map, LoRA merge or cast: the engine then holds exactly what was sent) pass all
+    of the above, the tolerance being wide. `check` then also takes a second reference: the learner's
+    logprobs of the same tokens in its other precision (float32 against bf16 autocast), whose mean
+    difference is what rounding alone does. An honest engine's mean difference from the learner is
+    0.9-1.9 times it; weights swapped between layers, a tensor scaled, transposed or zeroed gave
+    22-214 times on a tiny model of every family and on SmolLM2 (scripts/export_faults.py,
+    docs/families.md). More than `DRIFT_RATIO` times it (and `DRIFT_FLOOR` nats) stops the run.
     """
 
-    def __init__(self, token_ids: list[int], tol: float):
-        self.token_ids, self.tol = token_ids, tol
+    def __init__(self, token_ids: list[int], tol: float, drift: bool = False):
+        self.token_ids, self.tol, self.drift = token_ids, tol, drift
         self.last: tuple[torch.Tensor, torch.Tensor] | None = None  # (engine, learner) logprobs of the sequence
         self.fingerprinted: set[str] | None = None  # the tensors whose digests are compared (the first check's)
         self.expected: dict[str, str] | None = None  # digests of what the engine must hold at the next check
@@ -231,20 +258,29 @@ class Canary:
         for _ in self.watch(named_tensors):
             pass
 
-    def check(self, engine: Engine, score: Callable[[list[int]], torch.Tensor]) -> float:
+    def check(self, engine: Engine, score: Callable[..., torch.Tensor]) -> float:
         """Raise `WeightSyncError` when the engine does not serve the learner's weights; return the
         largest absolute engine/learner difference. After `watch` or `expect` every check is made; else
-        only the logprobs are compared."""
+        only the logprobs are compared. `score`: the learner's `Scorer.sequence_logprobs` (with `drift`
+        also called with `other_precision=True`)."""
         expected, self.expected = self.expected, None
         if expected is not None:
             self._holds(engine, expected)
-        engine_logprobs, learner_logprobs, cached = canary_logprobs(engine, score, self.token_ids)
+        scored: list[list[int]] = []
+
+        def scoring(token_ids: list[int]) -> torch.Tensor:
+            scored.append(token_ids)
+            return score(token_ids)
+
+        engine_logprobs, learner_logprobs, cached = canary_logprobs(engine, scoring, self.token_ids)
         if expected is not None and cached:
             raise WeightSyncError(
                 f"after the weight sync the engine served {cached} tokens of the canary sequence from its prefix "
                 "cache, computed with the weights before the sync: the cache was not reset, and rollouts would "
                 "read stale KV.")
         diff = _within(engine_logprobs, learner_logprobs, self.tol)
+        if self.drift:
+            _no_drift(engine_logprobs, learner_logprobs, score(scored[-1], other_precision=True).cpu())
         n = len(self.token_ids) - 1  # the sequence's own positions: the same tokens at every check
         now = engine_logprobs[:n], learner_logprobs[:n]
         if self.last is not None and learner_moved_alone(now, self.last):
