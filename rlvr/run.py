@@ -140,7 +140,9 @@ def build(cfg: TrainConfig, run_dir: Path, training: bool = True, wrap_task=None
         answer = run.tokenizer(CANARY_ANSWER, add_special_tokens=False).input_ids
         run.canary = Canary(canary_sequence(min(run.eval_ids, key=len), answer, run.engine.block_size(),
                                             cfg.rollout.max_model_len), precision.canary_tol,
-                            drift=precision.engine_dtype == "bfloat16")
+                            # (measured on vLLM's CPU kernels only: scripts/export_faults.py)
+                            drift=precision.engine_dtype == "bfloat16" and cfg.rollout.backend == "vllm"
+                            and device == "cpu")
         return run
 
 
