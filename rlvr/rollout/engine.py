@@ -297,9 +297,10 @@ class Canary:
         self.offset += WIDTH
         if self.fingerprinted is None:
             self.fingerprinted = {name for name, d in expected.items() if held.get(name) == d}
-            unseen = sorted(set(expected) - self.fingerprinted)
+            unsent = set(getattr(engine, "unloadable", ()))  # (a tied head the engine has no copy of: not sent)
+            unseen = sorted(set(expected) - self.fingerprinted - unsent)
             log.info("weight sync check: the engine's copy of %d of %d tensors is compared exactly after every "
-                     "sync%s", len(self.fingerprinted), len(expected),
+                     "sync%s", len(self.fingerprinted), len(set(expected) - unsent),
                      f" (the engine transforms {', '.join(unseen[:3])}{' …' if len(unseen) > 3 else ''} on load: "
                      "the logprob checks cover them)" if unseen else "")
             return
