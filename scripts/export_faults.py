@@ -43,7 +43,6 @@ def measure(path: Path, cache: Path) -> dict[str, tuple[float, float, float]]:
     from rlvr.cli import CONFIG_DIR
     from rlvr.config import register, typed
     from rlvr.learner import Learner, make_batch
-    from rlvr.logprobs import token_logprobs
     from rlvr.precision import resolve
     from rlvr.prompts import render
     from rlvr.rollout.engine import canary_logprobs, canary_sequence
@@ -81,9 +80,7 @@ def measure(path: Path, cache: Path) -> dict[str, tuple[float, float, float]]:
         for name, sent in cases.items():
             engine.load_weights(sent.items())
             engine_lp, learner_lp, _ = canary_logprobs(engine, score, canary)
-            with torch.no_grad():  # the second reference: the learner's float32 forward, no autocast
-                t = torch.tensor([seen[-1]])
-                reference = token_logprobs(learner.policy.model, t, torch.ones_like(t))[0]
+            reference = learner.scorer.sequence_logprobs(seen[-1], other_precision=True)  # the canary's own
             diff = (engine_lp - learner_lp).abs()
             noise = (reference - learner_lp).abs().mean().item()
             out[name] = (diff.max().item(), diff.mean().item(), (diff > 0.5).float().mean().item(), noise,

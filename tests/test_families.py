@@ -24,6 +24,7 @@ from rlvr.rollout.hf_engine import TransformersEngine
 from rlvr.types import Prompt
 
 from .conftest import compose_config
+from .test_hf_engine import assert_each_scores_the_others_samples
 from .test_shared_prefix import _batch, _compare
 
 pytestmark = pytest.mark.slow
@@ -194,13 +195,7 @@ def test_the_transformers_engine_and_vllm_score_each_others_samples(served, fami
     hf.load_weights(weights.items())
     engine.load_weights(weights.items())
     try:
-        for sampler, scorer in ((engine, hf), (hf, engine)):
-            rollouts = sampler.generate(PROMPTS, ids, n=2, seed=7)
-            assert sum(len(r.completion_ids) for r in rollouts) > 16
-            for r in rollouts:
-                scored = scorer.sequence_logprobs(r.prompt_ids + r.completion_ids)[len(r.prompt_ids) - 1:]
-                diff = (scored - torch.tensor(r.sampler_logprobs)).abs().max().item()
-                assert diff < TOL, f"{type(sampler).__name__} sampled, {type(scorer).__name__} scored: {diff:.3g}"
+        assert_each_scores_the_others_samples(engine, hf, PROMPTS, ids, n=2)
     finally:
         hf.close()
 

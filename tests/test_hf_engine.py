@@ -63,6 +63,17 @@ def test_sampler_logprobs_are_the_learners_at_the_sampling_temperature(parts):
         assert (learner_lp - torch.tensor(r.sampler_logprobs)).abs().max() < TOL
 
 
+def assert_each_scores_the_others_samples(a, b, prompts, ids, n: int) -> None:
+    """Each engine's logprobs of the tokens the other sampled (temperature 1) equal the sampler's own."""
+    for sampler, scorer in ((a, b), (b, a)):
+        rollouts = sampler.generate(prompts, ids, n=n, seed=7)
+        assert sum(len(r.completion_ids) for r in rollouts) > 16
+        for r in rollouts:
+            scored = scorer.sequence_logprobs(r.prompt_ids + r.completion_ids)[len(r.prompt_ids) - 1:]
+            diff = (scored - torch.tensor(r.sampler_logprobs)).abs().max().item()
+            assert diff < TOL, f"{type(sampler).__name__} sampled, {type(scorer).__name__} scored: {diff:.3g}"
+
+
 def test_each_backend_checks_the_others_logprobs(parts, cache_dir, tiny_path):
     """vLLM's logprobs of the tokens it sampled equal the transformers engine's scores of them, and
     the other way round (temperature 1, where both engines score sequences)."""
@@ -71,13 +82,7 @@ def test_each_backend_checks_the_others_logprobs(parts, cache_dir, tiny_path):
     vllm = VllmEngine(tiny_path, cfg.rollout, "float32", seed=0, device="cpu", cache_dir=cache_dir)
     ids = parts[3]
     try:
-        for sampler, scorer in ((vllm, hf), (hf, vllm)):
-            rollouts = sampler.generate(PROMPTS, ids, n=4, seed=7)
-            assert sum(len(r.completion_ids) for r in rollouts) > 16
-            for r in rollouts:
-                scored = scorer.sequence_logprobs(r.prompt_ids + r.completion_ids)[len(r.prompt_ids) - 1:]
-                diff = (scored - torch.tensor(r.sampler_logprobs)).abs().max().item()
-                assert diff < TOL, f"{type(sampler).__name__} sampled, {type(scorer).__name__} scored: {diff:.3g}"
+        assert_each_scores_the_others_samples(vllm, hf, PROMPTS, ids, n=4)
     finally:
         vllm.close()
         hf.close()

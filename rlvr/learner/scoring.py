@@ -41,11 +41,11 @@ class Scorer:
         pad = policy.pad_id
         self.idle = make_batch([Rollout(Prompt([], ""), 0, [pad], [pad], [0.0], "", "stop")], pad)
 
-    def forward_context(self) -> contextlib.ExitStack:
-        """What a forward (and its backward) runs under: bf16 autocast under bf16-mixed, and on CUDA
-        SDPA without cuDNN's attention (`SDPA_BACKENDS`)."""
+    def forward_context(self, bf16: bool | None = None) -> contextlib.ExitStack:
+        """What a forward (and its backward) runs under: bf16 autocast under bf16-mixed (or as `bf16` says),
+        and on CUDA SDPA without cuDNN's attention (`SDPA_BACKENDS`)."""
         stack = contextlib.ExitStack()
-        if self.bf16:
+        if self.bf16 if bf16 is None else bf16:
             stack.enter_context(torch.autocast(device_type=torch.device(self.policy.device).type, dtype=torch.bfloat16))
         stack.enter_context(attention_kernels(self.policy.device))
         return stack
@@ -108,10 +108,8 @@ class Scorer:
         ids = torch.tensor([token_ids], device=self.policy.device)
         self._pick_attention(model, 1, len(token_ids))  # the same kernel at every check: bit-for-bit logprobs
         model.eval()
-        bf16 = self.bf16 != other_precision
         try:
-            with torch.autocast(device_type=torch.device(self.policy.device).type, dtype=torch.bfloat16,
-                                enabled=bf16), attention_kernels(self.policy.device):
+            with self.forward_context(self.bf16 != other_precision):
                 return token_logprobs(model, ids, torch.ones_like(ids))[0]
         finally:
             model.train()
