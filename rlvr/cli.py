@@ -30,14 +30,15 @@ USAGE = """usage: rlvr <command> [hydra overrides]
 Reinforcement learning from verifiable rewards (GRPO and descendants) with vLLM rollouts.
 
 commands:
-  train     run RL training: rlvr train +experiment=multiplication [key=value ...]
+  train     run RL training, or the recipe's stages (recipe=[sft,dpo,rl]):
+            rlvr train +experiment=multiplication [key=value ...]
             sweep with -m:    rlvr train -m +experiment=multiplication seed=0,1,2
             all options:      rlvr train --help   (config groups and their options)
                               rlvr train --cfg job (the composed config, nothing runs)
                               docs/reference.md   (every key: type, default, choices, meaning)
   sft       the supervised cold start alone (imitate demonstrations); writes <run dir>/model, which
-            rlvr train starts from with model=local model.path=...; rlvr train with sft.steps > 0 runs
-            the cold start, then RL, in one run dir: rlvr train +experiment=multiplication_4x2_sft
+            rlvr train starts from with model=local model.path=...; a recipe runs the cold start, then
+            RL, in one run dir: rlvr train +experiment=multiplication_4x2_sft (recipe: [sft, rl])
   eval      greedy accuracy and pass@k of a model on a task's held-out prompts; any train override works:
             rlvr eval +experiment=multiplication model=local model.path=outputs/.../model eval.n_samples=8
             writes eval.json and eval_samples.jsonl into its run dir
@@ -51,8 +52,9 @@ examples:
 docs: README.md, then docs/ (or `make docs` for the site)
 """
 
-WHAT = {"train": "Run RL training (GRPO and descendants) with vLLM rollouts; writes into its run dir. With "
-                 "sft.steps > 0 the supervised cold start runs first, into <run dir>/sft.",
+WHAT = {"train": "Run RL training (GRPO and descendants) with vLLM rollouts; writes into its run dir. A recipe "
+                 "(recipe=[sft,dpo,rl]) runs its stages in order: the supervised cold start, preference tuning, "
+                 "RL; each but the last into <run dir>/<stage>.",
         "sft": "The supervised cold start alone: the policy imitates demonstrations (sft.*); writes <run dir>/model.",
         "eval": "Greedy accuracy and pass@k of a model on a task's held-out prompts; writes eval.json and "
                 "eval_samples.jsonl."}
@@ -93,7 +95,7 @@ def _reported(run, cfg: DictConfig) -> float | None:
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="train")
 def _train(cfg: DictConfig) -> float | None:
     from rlvr import launch  # heavy imports (torch, transformers) after the config composed
-    from rlvr.train import train
+    from rlvr.recipe import train
 
     # in this process, across the ranks launch.nproc_per_node asks for, or as one rank under torchrun
     return _reported(lambda cfg, run_dir: launch.run(train, cfg, run_dir, discard=remove_if_untouched), cfg)
@@ -118,6 +120,14 @@ def _plot() -> None:
     from rlvr.plot import main as plot_main
 
     sys.exit(plot_main(sys.argv[1:]))
+
+
+def last_stage(args: list[str]) -> str:
+    """The stage a `rlvr train` command line ends with: its `recipe=[...]`'s last, else RL (a recipe set
+    in a YAML file instead is checked once the config composed)."""
+    recipe = [a.split("=", 1)[1] for a in args if a.lstrip("+").startswith("recipe=")]
+    stages = recipe[-1].strip("[]").split(",") if recipe else ["rl"]
+    return stages[-1].strip() or "rl"
 
 
 def _user_config_dirs(args: list[str]) -> list[Path]:
@@ -151,7 +161,7 @@ def main() -> None:
         try:
             check_overrides(rest, Path(CONFIG_DIR), _user_config_dirs(rest))
             if command in ("train", "sft"):
-                refuse_early(rest, "sft" if command == "sft" else "rl")
+                refuse_early(rest, "sft" if command == "sft" else last_stage(rest))
         except (ConfigError, RunDirError) as e:
             print(f"rlvr {command}: {e}", file=sys.stderr)
             sys.exit(1)

@@ -222,7 +222,7 @@ class OptimConfig:
 
 @dataclass
 class SftConfig:
-    """The supervised cold start: `rlvr sft`, and `rlvr train` before RL when `steps` > 0."""
+    """The supervised cold start: `rlvr sft`, and the `sft` stage of a recipe."""
 
     steps: int = MISSING
     data: str = MISSING
@@ -234,6 +234,27 @@ class SftConfig:
     lr: float = MISSING
     warmup_steps: int = MISSING
     packing: bool = MISSING
+    eval_every: int = MISSING
+    save_every: int = MISSING
+
+
+@dataclass
+class DpoConfig:
+    """Preference tuning (DPO, SimPO): the `dpo` stage of a recipe."""
+
+    steps: int = MISSING
+    data: str = MISSING
+    format: str = MISSING
+    prompt_key: str = MISSING
+    chosen_key: str = MISSING
+    rejected_key: str = MISSING
+    loss: str = MISSING
+    beta: float = MISSING
+    simpo_gamma: float = MISSING
+    batch_size: int = MISSING
+    pairs_per_group: int = MISSING
+    lr: float = MISSING
+    warmup_steps: int = MISSING
     eval_every: int = MISSING
     save_every: int = MISSING
 
@@ -305,6 +326,8 @@ class TrainConfig:
     logger: LoggerConfig = MISSING
     eval: EvalConfig = MISSING
     sft: SftConfig = MISSING
+    dpo: DpoConfig = MISSING
+    recipe: list[str] = MISSING
     # Tools the model may call (rlvr.tools): name -> {_target_, description, parameters, kwargs}; untyped
     # here like reward terms (so that `+tools.NAME...` works), checked by rlvr.tools.load_tools.
     tools: dict[str, Any] = field(default_factory=dict)
@@ -381,6 +404,7 @@ def register() -> None:
         ("logger", LoggerConfig),
         ("eval", EvalConfig),
         ("sft", SftConfig),
+        ("dpo", DpoConfig),
     ]:
         cs.store(group=group, name=f"{group}_schema", node=node)
     cs.store(group="data", name="multiplication_schema", node=MultiplicationDataConfig)
@@ -481,6 +505,21 @@ def check(cfg: TrainConfig, training: bool = True) -> None:
     need(s.lr > 0, "sft.lr", "must be > 0")
     need(s.warmup_steps >= 0 and s.eval_every >= 0 and s.save_every >= 0, "sft.warmup_steps",
          "warmup_steps, eval_every and save_every must be >= 0")
+    p = cfg.dpo
+    need(p.steps >= 0, "dpo.steps", f"must be >= 0, got {p.steps}")
+    need(p.loss in ("dpo", "simpo"), "dpo.loss", f"must be dpo or simpo, got {p.loss!r}")
+    need(p.beta > 0, "dpo.beta", f"must be > 0, got {p.beta}")
+    need(p.batch_size >= 1, "dpo.batch_size", f"must be >= 1 (pairs per step from a dataset), got {p.batch_size}")
+    need(p.pairs_per_group >= 1, "dpo.pairs_per_group", f"must be >= 1, got {p.pairs_per_group}")
+    need(p.lr > 0, "dpo.lr", "must be > 0")
+    need(p.warmup_steps >= 0 and p.eval_every >= 0 and p.save_every >= 0, "dpo.warmup_steps",
+         "warmup_steps, eval_every and save_every must be >= 0")
+    need(len(cfg.recipe) >= 1 and all(stage in STAGE_NAMES for stage in cfg.recipe), "recipe",
+         f"must list stages, each one of {', '.join(STAGE_NAMES)}, got {list(cfg.recipe)}")
+    need(len(set(cfg.recipe)) == len(cfg.recipe), "recipe", f"names a stage twice: {list(cfg.recipe)}")
+
+
+STAGE_NAMES = ("sft", "dpo", "rl")  # the stages a recipe may list (rlvr.recipe)
 
 
 def short_warmup(steps: int, warmup: int, steps_key: str, warmup_key: str) -> str | None:

@@ -47,7 +47,8 @@ GROUP_LINES = {
     "learner": "How the policy computes its update.",
     "launch": "Where the run runs: device, threads, processes, machines.",
     "eval": "`rlvr eval`'s sampled evaluation.",
-    "sft": "The supervised cold start: `rlvr sft`, and `rlvr train` before RL when sft.steps > 0.",
+    "sft": "The supervised cold start: `rlvr sft`, and the `sft` stage of a recipe.",
+    "dpo": "Preference tuning (DPO, SimPO): the `dpo` stage of a recipe.",
     "logger": "Weights & Biases.",
 }
 
@@ -196,7 +197,7 @@ def render() -> str:
         out += [*table(group, default, [(k, t) for k, t in fields(schema) if k != "terms"]), ""]
     out += ["## Run-wide keys", "", "| key | type | default | what it does |", "|---|---|---|---|"]
     notes, values = comments(CONFIGS / "train.yaml"), yaml_values(CONFIGS / "train.yaml")
-    for key in ("seed", "cache_dir"):
+    for key in ("recipe", "seed", "cache_dir"):
         out.append(f"| `{key}` | {type_name(hints[key])[0]} | {_default(values, key)} | {notes.get(key, '')} |")
     out += ["", "Tools (`tools=calculator`, `tools=python`, `tools=[calculator,python]`) add `tools.NAME: {_target_,",
             "description, parameters, kwargs}`; their limits are `rollout.max_turns`, `rollout.max_total_tokens`,",

@@ -4,7 +4,8 @@ the task's data, the prompts against the context, the run dir) fails before a mo
 can be known then; the learner comes next, the rollout engine last (it takes the most memory).
 
     build(cfg, run_dir)                   -> Run with a learner, logger, canary: `rlvr train`
-    build(cfg, run_dir, wrap_task=...)    -> the same, drawing demonstrations: `rlvr sft` (rlvr.sft)
+    build(cfg, run_dir, "sft", wrap_task=...) -> the same, drawing demonstrations: the cold start (rlvr.sft)
+    build(cfg, run_dir, "dpo", ...)       -> the same for a preference stage (rlvr.preference)
     build(cfg, run_dir, training=False)   -> Run with an engine only: `rlvr eval`
 """
 
@@ -35,6 +36,7 @@ from rlvr.types import Prompt
 log = logging.getLogger("rlvr")
 
 CANARY_ANSWER = " <answer>42</answer>"
+STAGE_TITLES = {"rl": "train", "sft": "cold start", "dpo": "preference stage"}  # the progress bar's
 
 
 @dataclass
@@ -58,7 +60,7 @@ class Run:
     logger: Logger | NullLogger = NullLogger()
     resume: Path | None = None  # the checkpoint a resumed run continues from
     start: int = 0  # the last step already done (a resumed run's checkpoint's)
-    stage: str = "rl"  # "rl", or "sft": a cold start (its checkpoints say so; the other stage refuses them)
+    stage: str = "rl"  # "rl", "sft" (a cold start) or "dpo" (its checkpoints say so; another stage refuses them)
 
     def close(self) -> None:
         self.rewards.close()
@@ -67,12 +69,13 @@ class Run:
         self.logger.close()
 
 
-def build(cfg: TrainConfig, run_dir: Path, training: bool = True, wrap_task=None) -> Run:
-    """Check `cfg` and build the run's parts. `training`: also the learner, the run dir, the logger
-    and the weight-sync canary, and a resumed run's state; else (`rlvr eval`) only what generates
-    and scores. `wrap_task(task, tokenizer, tools)`: what the run draws its data from in place of the
-    task (the cold start's demonstrations, rlvr.sft). Across processes every rank builds its own (rank 0
-    alone writes into `run_dir`)."""
+def build(cfg: TrainConfig, run_dir: Path, stage: str = "rl", training: bool = True, wrap_task=None) -> Run:
+    """Check `cfg` and build the run's parts for the stage `stage` (rl, sft, dpo). `training`: also the
+    learner, the run dir, the logger and the weight-sync canary, and a resumed run's state; else (`rlvr
+    eval`) only what generates and scores. `wrap_task(task, tokenizer, tools)`: what the run draws its
+    data from in place of the task (the cold start's demonstrations, rlvr.sft; a dataset's preference
+    pairs, rlvr.preference). Across processes every rank builds its own (rank 0 alone writes into
+    `run_dir`)."""
     check(cfg, training=training)
     device = pick_device(cfg.launch.device)
     check_backend(cfg.rollout.backend, device)
@@ -109,21 +112,20 @@ def build(cfg: TrainConfig, run_dir: Path, training: bool = True, wrap_task=None
         random.seed(cfg.seed)
         np.random.seed(cfg.seed)
         torch.manual_seed(cfg.seed)
-        stage = "rl" if wrap_task is None else "sft"
         resume = checkpoint.find(cfg.trainer.resume, run_dir, stage)
         auto = cfg.trainer.resume == "auto"
         # A run dir that holds another run is refused before the learner loads (every rank stops alike);
         # it is written to only once everything that can fail on bad input has passed.
         distributed.on_rank0(rundir.refuse, run_dir, resume, cfg.trainer.overwrite, auto)
-        learner = _learner(cfg, model_path, resume, device, precision)
-        log.info("learner: %s", learner.describe(cold_start=wrap_task is not None))
+        learner = _learner(cfg, model_path, resume, device, precision, stage)
+        log.info("learner: %s", learner.describe(cold_start=stage == "sft"))
         # Every prompt is checked against the engine's context before the engine starts.
         fit = PromptFit(learner.policy.tokenizer, cfg.rollout.max_model_len, cfg.rollout.max_tokens, tools)
         run = Run(cfg, device, precision, model_path, task, rewards, learner.policy.tokenizer, fit,
                   *fit.eval_prompts(task.eval_prompts()), learner=learner, resume=resume, stage=stage)
         fit.probe(task, cfg.data.batch_size)
         distributed.on_rank0(rundir.prepare, run_dir, resume, cfg.trainer.overwrite, auto)  # the first write
-        run.logger = Logger(run_dir, cfg, cfg.trainer.max_steps, "train" if wrap_task is None else "cold start") \
+        run.logger = Logger(run_dir, cfg, cfg.trainer.max_steps, STAGE_TITLES[stage]) \
             if distributed.rank() == 0 else NullLogger()
     with _closed_on_error(run.close):
         run.logger.write_manifest({
@@ -146,16 +148,20 @@ def build(cfg: TrainConfig, run_dir: Path, training: bool = True, wrap_task=None
         return run
 
 
-def _learner(cfg: TrainConfig, model_path: Path, resume: Path | None, device: str, precision: Precision):
+def _learner(cfg: TrainConfig, model_path: Path, resume: Path | None, device: str, precision: Precision,
+             stage: str):
     """The learner of `model_path`, or of a resumed run's checkpoint. With LoRA it is the base model
-    plus the adapter (the checkpoint's); the engine serves merged weights."""
+    plus the adapter (the checkpoint's); the engine serves merged weights. A DPO stage loads the frozen
+    reference (`model_path`, the stage's starting model) and scores at temperature 1."""
     from rlvr.learner import Learner  # (torch and transformers' model code: only for training)
 
     lora = cfg.model.lora if cfg.model.lora.r > 0 else None
     policy_path = resume / "model" if resume else model_path
     return Learner(model_path if lora else policy_path, cfg.optim, cfg.algorithm, cfg.learner,
-                   cfg.rollout.temperature, cfg.rollout.max_tokens, device, precision, reference_path=model_path,
-                   lora=lora, adapter_path=checkpoint.adapter(resume, lora is not None) if resume else None)
+                   1.0 if stage == "dpo" else cfg.rollout.temperature, cfg.rollout.max_tokens, device, precision,
+                   reference_path=model_path, lora=lora,
+                   adapter_path=checkpoint.adapter(resume, lora is not None) if resume else None,
+                   with_reference=stage == "dpo" and cfg.dpo.loss == "dpo")
 
 
 def _with_engine(run: Run, policy_path: Path, tools) -> Run:

@@ -108,7 +108,7 @@ def refuse_early(args: list[str], stage: str = "rl") -> None:
 
 
 CHECKPOINT_PREFIX = "step-"
-STAGES = {"rl": "RL (rlvr train)", "sft": "a cold start"}
+STAGES = {"rl": "RL (rlvr train)", "sft": "a cold start", "dpo": "a preference stage"}
 
 
 def written_by(checkpoint: Path) -> tuple[str | None, dict]:

@@ -1,12 +1,12 @@
 """The supervised cold start: the policy imitates worked demonstrations, with the machinery of RL.
 
     rlvr sft +experiment=multiplication_4x2_sft            # the cold start alone: <run dir>/model
-    rlvr train +experiment=multiplication_4x2_sft          # the recipe: cold start into <run dir>/sft, then RL
+    rlvr train +experiment=multiplication_4x2_sft          # its recipe [sft, rl]: <run dir>/sft, then RL
 
 A cold start is a run like an RL run (`rlvr.run.build`: the same model, learner, engine, canary,
 checkpoints, exact resume, logging and evaluation) whose step is another objective on another data
-source: demonstrations instead of rollouts, `sft_loss` instead of the clipped surrogate. The config
-is the RL config with `sft.*` in place of the keys it overrides (`stage_config`).
+source: demonstrations instead of rollouts, the `SFT` objective instead of RL's, on the learner's one
+update path. The config is the RL config with `sft.*` in place of the keys it overrides (`stage_config`).
 
 Demonstrations come from the task (`task.demonstrations(n)`, drawn from its training split, so never a
 held-out problem) or from a dataset of chat rows or prompt/completion rows; a dataset row whose prompt
@@ -100,6 +100,51 @@ def from_row(row: dict, at: str, s) -> Demonstration:
     return Demonstration(Prompt(turns[:first], ""), turns[first:])
 
 
+def encode(tokenizer, tools: ToolBox | None, demos: list[Demonstration], max_len: int,
+           where: list[str] | None = None, fitting_only: bool = False) -> list[Rollout]:
+    """Token ids of `demos`, as the rollouts would hold the same answers (module docstring); an error
+        names the demonstration (`where`: the file and line of each; default, the task's k-th). `max_len`:
+    the context (rollout.max_model_len); `fitting_only`: one longer is left out instead of raising."""
+    end = between_turns(tokenizer, tools, [])[:1]  # the token that ends the assistant's turn
+    out = []
+    for i, d in enumerate(demos):
+        at = where[i] if where is not None else f"the task's demonstration {i + 1}"
+        prompt_ids = render(tokenizer, d.prompt, tools)
+        ids: list[int] = []
+        mask: list[int] = []
+        pending: list[dict[str, str]] = []  # messages between two assistant turns
+        for turn in d.turns:
+            if turn["role"] != "assistant":
+                pending.append(turn)
+                continue
+            if pending:
+                if tools is None and any(m["role"] == "tool" for m in pending):
+                    raise SftDataError(f"{at}: a tool's result, but no tools are configured (the "
+                                       "rollouts could never call one); add them, e.g. tools=calculator")
+                try:
+                    between = between_turns(tokenizer, tools, pending)
+                except Exception as e:
+                    raise SftDataError(f"{at}: the chat template cannot render its "
+                                       f"{pending[0]['role']} message ({e})") from e
+                ids += between
+                mask += [0] * len(between)
+                pending = []
+            own = tokenizer(turn["content"], add_special_tokens=False).input_ids
+            ids += own
+            mask += [1] * len(own)
+        ids += end
+        mask += [1] * len(end)
+        if len(prompt_ids) + len(ids) > max_len:
+            if fitting_only:
+                continue
+            raise SftDataError(f"{at}: {len(prompt_ids) + len(ids)} tokens under the chat template, "
+                               f"longer than the context rollout.max_model_len={max_len}; raise it or "
+                               "shorten the row")
+        out.append(Rollout(d.prompt, i, prompt_ids, ids, [0.0] * len(ids), turn["content"], "stop",
+                           completion_mask=mask, conversation=d.turns))
+    return out
+
+
 class Demonstrations:
     """A cold start's data, shaped as a `Task` (the run's evaluation, checkpoints and resume use it as
     one): `next(n)` gives the next `n` demonstrations as token ids, from the task or from a dataset (in a
@@ -157,47 +202,7 @@ class Demonstrations:
 
     def _encode(self, demos: list[Demonstration], where: list[str] | None = None,
                 fitting_only: bool = False) -> list[Rollout]:
-        """Token ids of `demos`, as the rollouts would hold the same answers (module docstring); an error
-        names the demonstration (`where`: the file and line of each; default, the task's k-th).
-        `fitting_only`: one longer than the context is left out instead of raising."""
-        end = between_turns(self.tokenizer, self.tools, [])[:1]  # the token that ends the assistant's turn
-        out = []
-        for i, d in enumerate(demos):
-            at = where[i] if where is not None else f"the task's demonstration {i + 1}"
-            prompt_ids = render(self.tokenizer, d.prompt, self.tools)
-            ids: list[int] = []
-            mask: list[int] = []
-            pending: list[dict[str, str]] = []  # messages between two assistant turns
-            for turn in d.turns:
-                if turn["role"] != "assistant":
-                    pending.append(turn)
-                    continue
-                if pending:
-                    if self.tools is None and any(m["role"] == "tool" for m in pending):
-                        raise SftDataError(f"{at}: a tool's result, but no tools are configured (the "
-                                           "rollouts could never call one); add them, e.g. tools=calculator")
-                    try:
-                        between = between_turns(self.tokenizer, self.tools, pending)
-                    except Exception as e:
-                        raise SftDataError(f"{at}: the chat template cannot render its "
-                                           f"{pending[0]['role']} message ({e})") from e
-                    ids += between
-                    mask += [0] * len(between)
-                    pending = []
-                own = self.tokenizer(turn["content"], add_special_tokens=False).input_ids
-                ids += own
-                mask += [1] * len(own)
-            ids += end
-            mask += [1] * len(end)
-            if len(prompt_ids) + len(ids) > self.max_len:
-                if fitting_only:
-                    continue
-                raise SftDataError(f"{at}: {len(prompt_ids) + len(ids)} tokens under the chat template, "
-                                   f"longer than the context rollout.max_model_len={self.max_len}; raise it or "
-                                   "shorten the row")
-            out.append(Rollout(d.prompt, i, prompt_ids, ids, [0.0] * len(ids), turn["content"], "stop",
-                               completion_mask=mask, conversation=d.turns))
-        return out
+        return encode(self.tokenizer, self.tools, demos, self.max_len, where, fitting_only)
 
     def next(self, n: int) -> list[Rollout]:
         """The next `n` demonstrations as token ids (every process draws the same). A task's demonstration
@@ -254,6 +259,7 @@ def sft_step(run, step: int, watch) -> dict[str, float]:
     """One step of the cold start: the next `sft.batch_size` demonstrations -> the update -> its record,
     logged and checked by `watch`. The engine only evaluates here (it samples nothing to learn from), so
     the new weights go into it (checked, as RL's are) only on a step that an evaluation follows."""
+    from rlvr.algorithms.objective import SFT
     from rlvr.learner import make_batch
     from rlvr.loop import evaluation_follows, sync
 
@@ -264,7 +270,7 @@ def sft_step(run, step: int, watch) -> dict[str, float]:
     mine = sorted(demos[first:last], key=lambda r: len(r.prompt_ids) + len(r.completion_ids))
     batch = make_batch(mine, learner.policy.pad_id)
     t_learn = time.perf_counter()
-    learn = learner.imitate(batch)
+    learn = learner.step(batch, SFT())
     t_learn = time.perf_counter() - t_learn
     t_sync, t_canary, diff = sync(run) if evaluation_follows(run.cfg.trainer, step) else (0.0, 0.0, None)
     step_s = time.perf_counter() - t0
@@ -280,7 +286,7 @@ def sft_step(run, step: int, watch) -> dict[str, float]:
 
 def run_sft(cfg: TrainConfig, run_dir: Path, recipe_dir: Path | None = None) -> dict[str, float]:
     """`rlvr sft`: the cold start alone, into `run_dir` (its model in `run_dir/model`); or, with
-    `recipe_dir`, the recipe's first stage (`cold_start`)."""
+    `recipe_dir`, a stage of the recipe in `recipe_dir` (rlvr.recipe)."""
     from rlvr.config import ConfigError, short_warmup
     from rlvr.loop import run_steps
     from rlvr.run import build
@@ -290,22 +296,7 @@ def run_sft(cfg: TrainConfig, run_dir: Path, recipe_dir: Path | None = None) -> 
     if warning := short_warmup(cfg.sft.steps, cfg.sft.warmup_steps, "sft.steps", "sft.warmup_steps"):
         log.warning("cold start: %s", warning)
     t_start = time.perf_counter()
-    run = build(stage_config(cfg), run_dir,
+    run = build(stage_config(cfg), run_dir, "sft",
                 wrap_task=lambda task, tokenizer, tools: Demonstrations(task, cfg, tokenizer, tools))
     return run_steps(run, run_dir, lambda step, watch: sft_step(run, step, watch), t_start, "cold start",
                      recipe_dir)
-
-
-def cold_start(cfg: TrainConfig, run_dir: Path) -> TrainConfig:
-    """The recipe's first stage, into `run_dir` (<run dir>/sft): run the cold start, or with trainer.resume
-    set, continue it or find it done; return the RL config, which starts from its model."""
-    model = run_dir / "model"
-    done = (run_dir / "summary.json").is_file() and (model / "config.json").is_file()
-    stage = dataclasses.replace(cfg, trainer=dataclasses.replace(
-        cfg.trainer, resume=None if cfg.trainer.resume is None else "auto"))
-    if done and stage.trainer.resume == "auto" and not cfg.trainer.overwrite:
-        log.info("cold start: done already, in %s; RL starts from %s", run_dir, model)
-    else:
-        log.info("cold start: %d steps into %s, then RL from its model", cfg.sft.steps, run_dir)
-        run_sft(stage, run_dir, recipe_dir=run_dir.parent)
-    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, path=str(model), build=None))

@@ -41,7 +41,6 @@ from rlvr.prompts import PromptFit
 from rlvr.rewards import Rewards
 from rlvr.rollout.multiturn import Generate
 from rlvr.run import Run, build
-from rlvr.rundir import refuse_other_stage
 from rlvr.types import Rollout
 
 log = logging.getLogger("rlvr")
@@ -181,18 +180,12 @@ def rl_step(run: Run, step: int) -> tuple[StepMetrics, Collected]:
     ), c
 
 
-def train(cfg: TrainConfig, run_dir: Path) -> dict[str, float]:
-    """Run `cfg.trainer.max_steps` RL steps; return the last step's metrics (and the final eval). With
-    `sft.steps` > 0 the cold start runs first, into `run_dir/sft`, and RL starts from its model (rlvr.sft).
+def run_rl(cfg: TrainConfig, run_dir: Path, recipe_dir: Path | None = None) -> dict[str, float]:
+    """The RL stage: `cfg.trainer.max_steps` RL steps into `run_dir`; return the last step's metrics
+    (and the final eval). `recipe_dir`: the run dir of the recipe it is a stage of (rlvr.recipe).
 
     Across processes every rank runs this whole function (rlvr.distributed: rollouts split and shared,
     the learner sharded); rank 0 alone writes into `run_dir`."""
-    if cfg.sft.steps > 0:
-        from rlvr.sft import cold_start
-
-        if cfg.trainer.resume not in (None, "auto"):  # RL's checkpoint: refused before the cold start runs if not
-            refuse_other_stage(Path(cfg.trainer.resume).expanduser(), "rl")
-        cfg = cold_start(cfg, run_dir / "sft")
     if warning := short_warmup(cfg.trainer.max_steps, cfg.optim.warmup_steps, "trainer.max_steps",
                                "optim.warmup_steps"):
         log.warning("RL: %s", warning)
@@ -208,4 +201,4 @@ def train(cfg: TrainConfig, run_dir: Path) -> dict[str, float]:
         watch.after(k, metrics, collected)
         return record
 
-    return run_steps(run, run_dir, step, t_start)
+    return run_steps(run, run_dir, step, t_start, recipe_dir=recipe_dir)

@@ -33,6 +33,7 @@ from pathlib import Path
 import torch
 from hydra import compose, initialize_config_dir
 
+from rlvr.algorithms.objective import SFT
 from rlvr.cli import CONFIG_DIR
 from rlvr.config import register, typed
 
@@ -82,7 +83,7 @@ def rlvr_variant(overrides: list[str], data: Path, steps: int, warmup: int) -> d
     for step in range(steps):
         part = sorted(demos[step * B : (step + 1) * B], key=lambda r: len(r.prompt_ids) + len(r.completion_ids))
         t0 = time.perf_counter()
-        learner.imitate(make_batch(part, learner.policy.pad_id))
+        learner.step(make_batch(part, learner.policy.pad_id), SFT())
         if step >= warmup:
             times.append(time.perf_counter() - t0)
             tokens.append(sum(len(r.prompt_ids) + len(r.completion_ids) for r in part))

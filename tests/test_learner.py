@@ -158,14 +158,14 @@ def test_tis_from_the_update_s_own_forward_is_the_objective_of_the_whole_batch(c
     old = logp.detach()
     norm = Normaliser(int(mask.sum()), len(batch), by_hand.max_tokens)
     weight = tis_weight(old, batch.old_logprobs, mask, by_hand.tis_cap)
-    ref = old if by_hand.objective.kl_coef > 0 else None
-    loss, expected = policy_loss(logp, old, ref, batch.advantages, mask, by_hand.objective, norm, weight)
+    ref = old if by_hand.rl.config.kl_coef > 0 else None
+    loss, expected = policy_loss(logp, old, ref, batch.advantages, mask, by_hand.rl.config, norm, weight)
     loss.backward()
     grad_norm = torch.nn.utils.clip_grad_norm_(list(by_hand.policy.model.parameters()), by_hand.optim_cfg.max_grad_norm)
 
     assert stats["loss"] == pytest.approx(expected.loss, rel=1e-5, abs=1e-7)
     assert stats["clip_frac"] * expected.tokens == pytest.approx(expected.clipped)
-    scored = batch.advantages != 0 if by_hand.objective.kl_coef == 0 else torch.ones(len(batch), dtype=torch.bool)
+    scored = batch.advantages != 0 if by_hand.rl.config.kl_coef == 0 else torch.ones(len(batch), dtype=torch.bool)
     gap = ((old - batch.old_logprobs).abs() * mask)[scored]
     assert stats["mismatch/logprob_abs_mean"] == pytest.approx(float(gap.sum() / mask[scored].sum()), rel=1e-5)
     assert stats["grad_norm"] == pytest.approx(float(grad_norm), rel=1e-4)

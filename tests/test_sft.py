@@ -1,4 +1,4 @@
-"""The cold start (`rlvr sft`, and `rlvr train` with sft.steps > 0): demonstrations as the rollouts'
+"""The cold start (`rlvr sft`, and the `sft` stage of `rlvr train`'s recipe): demonstrations as the rollouts'
 token ids, the loss on the assistant's tokens only, packing equal to padded rows, bad input refused
 before the model loads, held-out problems never shown, and the recipe resumed after a kill in either
 stage — with the real CLI, learner and engine on the tiny model."""
@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from rlvr.algorithms import objective
 from rlvr.data import is_held_out
 from rlvr.data.multiplication import MultiplicationTask, written_out
 from rlvr.rollout.multiturn import ToolRollouts, build_tools
@@ -176,7 +177,7 @@ def _one_step(tiny_path, cache_dir, packing: bool) -> tuple[float, dict[str, tor
     torch.manual_seed(0)
     learner = Learner(tiny_path, cfg.optim, cfg.algorithm, cfg.learner, 1.0, 48, "cpu")
     demos = _demonstrations(tiny_path, TINY, cache_dir).next(8)
-    out = learner.imitate(make_batch(sorted(demos, key=lambda r: len(r.completion_ids)), learner.policy.pad_id))
+    out = learner.step(make_batch(sorted(demos, key=lambda r: len(r.completion_ids)), learner.policy.pad_id), objective.SFT())
     return out["loss"], {k: v.detach().clone() for k, v in learner.policy.model.named_parameters()}
 
 
@@ -191,7 +192,7 @@ def test_packed_rows_give_the_loss_and_update_of_padded_rows(tiny_path, cache_di
 
 SFT = [*TINY, "sft.steps=6", "sft.batch_size=8", "sft.lr=3e-3", "sft.warmup_steps=0", "sft.save_every=2",
        "learner.precision=fp32"]
-RECIPE = [*SFT, "trainer.max_steps=4", "trainer.save_every=2", "data.batch_size=2", "algorithm.group_size=4",
+RECIPE = [*SFT, "recipe=[sft,rl]", "trainer.max_steps=4", "trainer.save_every=2", "data.batch_size=2", "algorithm.group_size=4",
           "reward=digits", "optim.lr=1e-4"]
 
 
@@ -222,7 +223,7 @@ def test_rlvr_sft_learns_the_demonstrations_and_rlvr_train_starts_from_its_model
     evals = [r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if "eval/accuracy" in r]
     assert [e["step"] for e in evals] == [0, 4, 6]
     assert (run_dir / "curves.png").is_file() and (run_dir / "model" / "config.json").is_file()
-    rl = run_cli(["train", *RECIPE, "sft.steps=0", "model=local", f"model.path={run_dir / 'model'}",
+    rl = run_cli(["train", *RECIPE, "recipe=[rl]", "sft.steps=0", "model=local", f"model.path={run_dir / 'model'}",
                   f"hydra.run.dir={tmp_path / 'rl'}"], cache=cache_dir)
     assert rl.returncode == 0, rl.stderr[-3000:]
     # the console names the model folder the run loaded
@@ -245,7 +246,7 @@ def _snapshot(folder: Path) -> dict[str, bytes]:
 
 @pytest.mark.slow
 def test_the_recipe_resumes_after_ctrl_c_or_a_kill_in_either_stage(tmp_path, cache_dir):
-    """`rlvr train` with sft.steps > 0 runs the cold start into <run dir>/sft, then RL from its model.
+    """`rlvr train` with recipe=[sft,rl] runs the cold start into <run dir>/sft, then RL from its model.
     Ctrl-C in the cold start finishes the step, checkpoints and prints the command that resumes the whole
     recipe; the cold start's checkpoint given to RL (what that hint once said) is refused in one line
     before anything is written; killed in RL, the same command with trainer.resume=auto finishes both,

@@ -16,6 +16,7 @@ import torch
 
 import rlvr.tools
 import rlvr.tools.calculator
+from rlvr.algorithms.objective import SFT
 from rlvr.data.multiplication import MultiplicationTask
 from rlvr.learner import make_batch
 from rlvr.precision import CANARY_TOL
@@ -158,7 +159,7 @@ def _prompt(a: int, b: int):
 @pytest.fixture(scope="module")
 def tool_model(tmp_path_factory, tiny_path) -> Path:
     """The tiny model after 120 steps of the cold start's own update (`rlvr.sft`: its token ids and
-    masks, `Learner.imitate`) on three conversations in which it calls the calculator and then answers
+    masks, `Learner.step` with the `SFT` objective) on three conversations in which it calls the calculator and then answers
     with its result."""
     from transformers import AutoTokenizer
 
@@ -179,7 +180,7 @@ def tool_model(tmp_path_factory, tiny_path) -> Path:
     torch.manual_seed(0)
     learner = Learner(tiny_path, cfg.optim, cfg.algorithm, cfg.learner, 1.0, 64, "cpu")
     for _ in range(120):
-        loss = learner.imitate(make_batch(demos.next(len(rows)), learner.policy.pad_id))["loss"]
+        loss = learner.step(make_batch(demos.next(len(rows)), learner.policy.pad_id), SFT())["loss"]
     assert loss < 0.1
     path = folder / "model"
     learner.policy.save(path)

@@ -76,12 +76,13 @@ class Scorer:
             start = int(scored[0]) if len(scored) else width - 2
             return token_logprobs(model, ids, attn, self.temperature, start), mask, width
 
-    def micro_batches(self, rows: torch.Tensor) -> Iterator[torch.Tensor | None]:
-        """`rows` in micro-batches, then None for each pass this rank must still run (idle) to match the
-        rank with the most."""
-        starts = range(0, len(rows), self.micro_batch_size)
+    def micro_batches(self, rows: torch.Tensor, unit: int = 1) -> Iterator[torch.Tensor | None]:
+        """`rows` in micro-batches (of a multiple of `unit` rows: a preference pair stays whole), then None
+        for each pass this rank must still run (idle) to match the rank with the most."""
+        size = max(unit, self.micro_batch_size // unit * unit)
+        starts = range(0, len(rows), size)
         for k in range(int(distributed.global_max(len(starts)))):  # as many passes as every other rank
-            yield rows[starts[k] : starts[k] + self.micro_batch_size] if k < len(starts) else None
+            yield rows[starts[k] : starts[k] + size] if k < len(starts) else None
 
     @torch.no_grad()
     def batch_logprobs(self, batch: Batch, reference: bool = False, rows: torch.Tensor | None = None) -> torch.Tensor:

@@ -1,10 +1,12 @@
-"""The learner: the policy (`policy.py`), its forwards (`scoring.py`) and the RL update, an AdamW step
-on the policy objective (`rlvr.algorithms.objective`) over epochs, mini-batches and micro-batches;
-and the update's own state in a checkpoint (the LR schedule, AdamW's moments)."""
+"""The learner: the policy (`policy.py`), its forwards (`scoring.py`) and the update of every stage,
+AdamW steps on an objective (`rlvr.algorithms.objective`: RL's, the cold start's, a preference loss)
+over epochs, mini-batches and micro-batches; and the update's own state in a checkpoint (the LR
+schedule, AdamW's moments)."""
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
 import warnings
@@ -14,7 +16,7 @@ import torch
 
 from rlvr import distributed
 from rlvr.algorithms.losses import Normaliser, tis_weight
-from rlvr.algorithms.objective import PolicyLossConfig, policy_loss, sft_loss
+from rlvr.algorithms.objective import RL, Fixed, LossStats, Objective, PolicyLossConfig
 from rlvr.config import AlgorithmConfig, LearnerConfig, LoraConfig, OptimConfig
 from rlvr.learner.policy import Policy
 from rlvr.learner.scoring import Scorer
@@ -45,15 +47,16 @@ class Learner:
     def __init__(self, model_path: Path, optim: OptimConfig, algorithm: AlgorithmConfig, learner: LearnerConfig,
                  temperature: float, max_tokens: int, device: str, precision: Precision | None = None,
                  reference_path: Path | None = None, lora: LoraConfig | None = None,
-                 adapter_path: Path | None = None):
+                 adapter_path: Path | None = None, with_reference: bool = False):
         """`model_path`: the policy to train (a resumed run's checkpoint); `reference_path`: the initial
         model a KL term is measured against (default: `model_path`); `precision`: fp32 when None.
         With `lora` (`model.lora`, r > 0), `model_path` is the frozen base and adapters train on it,
-        starting from those saved in `adapter_path` when given (a resumed run)."""
+        starting from those saved in `adapter_path` when given (a resumed run). `with_reference`: load the
+        frozen reference even without a KL term (a DPO stage's objective needs it)."""
         bf16 = precision is not None and precision.bf16
         self.policy = Policy(model_path, device, learner.compile, bf16, reference_path,
-                             with_reference=algorithm.kl.coef > 0 or algorithm.kl.reward_coef > 0, lora=lora,
-                             adapter_path=adapter_path)
+                             with_reference=with_reference or algorithm.kl.coef > 0 or algorithm.kl.reward_coef > 0,
+                             lora=lora, adapter_path=adapter_path)
         self.scorer = Scorer(self.policy, learner.micro_batch_size, learner.shared_prefix, algorithm.group_size,
                              temperature, bf16)
         self.algo, self.optim_cfg, self.max_tokens = algorithm, optim, max_tokens
@@ -61,7 +64,7 @@ class Learner:
         # The sampler/learner mismatch is larger in bf16: there the old policy defaults to the learner's
         # own logprobs, with TIS weights capped at 2, unless algorithm.tis_cap says otherwise.
         self.tis_cap = algorithm.tis_cap if algorithm.tis_cap is not None or not bf16 else 2.0
-        self.objective = PolicyLossConfig.of(algorithm)
+        self.rl = RL(PolicyLossConfig.of(algorithm), self.tis_cap, algorithm.ppo_epochs, algorithm.mini_batches)
         self.learner_cfg = learner
 
     def describe(self, cold_start: bool = False) -> str:
@@ -83,114 +86,91 @@ class Learner:
     def load_state_dict(self, state: dict) -> None:
         self.scheduler.load_state_dict(state["scheduler"])
 
-    def step(self, batch: Batch) -> dict[str, float]:
-        """Train on one batch: `ppo_epochs` passes, each split into `mini_batches` optimizer steps,
-        each accumulating gradients over micro-batches of `learner.micro_batch_size` sequences.
+    def step(self, batch: Batch, objective: Objective | None = None) -> dict[str, float]:
+        """Train on one batch with `objective` (default: RL's, `self.rl`): `objective.epochs` passes,
+        each split into `objective.mini_batches` optimizer steps, each accumulating gradients over
+        micro-batches of `learner.micro_batch_size` sequences. The one update path of every stage.
 
-        The old policy of the ratio is the sampler's logprobs; with `tis_cap` it is the learner's own
-        logprobs before the update, and each token is weighted by min(learner_old / sampler, tis_cap).
+        What the objective holds fixed is taken first: the frozen reference's logprobs when it asks for
+        them; with `tis_cap`, the learner's own logprobs before the update as the old policy, each token
+        weighted by min(learner_old / sampler, tis_cap).
         """
-        a, scorer = self.algo, self.scorer
+        objective = objective or self.rl
+        scorer = self.scorer
         scorer.tokens = 0
         anchor, tis = batch.old_logprobs, None
-        # The sequences the update runs: without a KL term, those whose advantage is not zero.
-        scored = torch.arange(len(batch)) if a.kl.coef > 0 else torch.nonzero(batch.advantages != 0).flatten()
-        # With TIS the old policy is the learner's own logprobs. With one optimizer step per batch, every
-        # forward of the update runs at the old weights, so it computes them itself (`_update`, old=None);
-        # otherwise a forward before the update does.
-        in_forward = self.tis_cap is not None and a.ppo_epochs == 1 and a.mini_batches == 1
-        if self.tis_cap is not None and not in_forward:
+        scored = objective.rows(batch)  # the sequences the update runs
+        # With TIS and one optimizer step per batch, every forward of the update runs at the old weights,
+        # so it computes the old policy itself (`Fixed.old` None); otherwise a forward before the update does.
+        in_forward = objective.tis_cap is not None and objective.epochs == 1 and objective.mini_batches == 1
+        if objective.tis_cap is not None and not in_forward:
             anchor = batch.old_logprobs.clone()
             anchor[scored] = scorer.batch_logprobs(batch, rows=scored)[scored]
-            tis = tis_weight(anchor, batch.old_logprobs, batch.loss_mask, self.tis_cap)
+            tis = tis_weight(anchor, batch.old_logprobs, batch.loss_mask, objective.tis_cap)
         # The frozen reference's logprobs do not change over epochs: one forward for the whole batch.
-        ref = scorer.batch_logprobs(batch, reference=True) if a.kl.coef > 0 else None
-        stats: list[dict[str, float]] = []
-        chunks = torch.arange(len(batch)).tensor_split(a.mini_batches)
-        for _ in range(a.ppo_epochs):
+        ref = scorer.batch_logprobs(batch, reference=True) if objective.reference else None
+        fixed = Fixed(batch.old_logprobs, None if in_forward else anchor, tis, ref)
+        updates: list[tuple[LossStats, dict[str, float]]] = []
+        chunks = torch.arange(len(batch)).tensor_split(objective.mini_batches)
+        for _ in range(objective.epochs):
             for rows in chunks:
-                stats.append(self._update(batch.select(rows), None if in_forward else anchor[rows],
-                                          None if tis is None else tis[rows], None if ref is None else ref[rows]))
+                updates.append(self._update(batch.select(rows), fixed.take(rows), objective))
         lr = self.scheduler.get_last_lr()[0]  # the rate every update of this step used
-        self.scheduler.step()  # the schedule (warmup) counts RL steps, not optimizer steps
-        # Engine/learner mismatch: logprobs of the sampled tokens under the learner before any update,
-        # over the sequences the learner ran: all it scored first with TIS, else those of the first
-        # mini-batch it ran (non-zero advantage, or all with a KL term).
-        gap = ((anchor - batch.old_logprobs).abs() * batch.loss_mask)[scored] if tis is not None else None
-        first = stats[0]
-        tokens = float(batch.loss_mask[scored].sum())
+        self.scheduler.step()  # the schedule (warmup) counts the stage's steps, not optimizer steps
+        stats = [s for s, _ in updates]
         out = {
-            "loss": sum(s["loss"] for s in stats) / len(stats),
-            "kl": None if a.kl.coef == 0 else sum(s["kl"] for s in stats) / len(stats),
-            "clip_frac": sum(s["clipped"] for s in stats) / max(sum(s["tokens"] for s in stats), 1.0),
-            "grad_norm": sum(s["grad_norm"] for s in stats) / len(stats),
+            "loss": sum(s.loss for s in stats) / len(stats),
+            "grad_norm": sum(u["grad_norm"] for _, u in updates) / len(updates),
             "lr": lr,
-            "learn/sequences": sum(s["sequences"] for s in stats),
-            "learn/optimizer_steps": float(len(stats)),
-            "learn/skipped_updates": sum(s["skipped"] for s in stats),
+            "learn/sequences": sum(u["sequences"] for _, u in updates),
+            "learn/optimizer_steps": float(len(updates)),
+            "learn/skipped_updates": sum(u["skipped"] for _, u in updates),
             "learn/tokens": distributed.global_sum([float(scorer.tokens)])[0],
+            **objective.metrics(stats),
         }
-        if gap is not None and tokens:
+        # Engine/learner mismatch with TIS: the sampled tokens' logprobs under the learner before any
+        # update, over every sequence it scored first (else the objective's, from its first update).
+        tokens = float(batch.loss_mask[scored].sum())
+        if tis is not None and tokens:
+            gap = ((anchor - batch.old_logprobs).abs() * batch.loss_mask)[scored]
             out["mismatch/logprob_abs_mean"], out["mismatch/logprob_abs_max"] = float(gap.sum()) / tokens, float(gap.max())
             out["mismatch/tokens"] = tokens
-        elif first["tokens"]:  # measured on the first mini-batch, before this step's first update
-            out["mismatch/logprob_abs_mean"] = first["mismatch_sum"] / first["tokens"]
-            out["mismatch/logprob_abs_max"] = first["mismatch_max"]
-            out["mismatch/tokens"] = first["tokens"]
         return out
 
-    def _update(self, batch: Batch, anchor: torch.Tensor | None, tis: torch.Tensor | None,
-                ref: torch.Tensor | None) -> dict[str, float]:
-        """One optimizer step on `batch` (a mini-batch), accumulated over micro-batches. `anchor`: the
-        old policy's logprobs [n, T-1]; None: this step's own forwards (at the old weights, before the
-        step) are the old policy, each token weighted by TIS against the sampler (`tis_cap`).
+    def _update(self, batch: Batch, fixed: Fixed, objective: Objective) -> tuple[LossStats, dict[str, float]]:
+        """One optimizer step on `batch` (a mini-batch) over the rows `objective.rows` picks, accumulated
+        over micro-batches (a preference pair never split): the objective's sums over them, and the
+        step's gradient norm, sequences run and whether it was skipped.
 
-        Sequences with advantage 0 add exactly 0 to the surrogate's gradient, so without a KL term in
-        the loss they are skipped (no forward, no backward); they still count in the normaliser, so
-        the update equals the one over the whole mini-batch.
+        Rows the objective leaves out still count in the normaliser (RL: advantage 0, whose gradient is
+        exactly 0), so the update equals the one over the whole mini-batch.
         """
-        a = self.algo
         # Across processes the batch is the union of every rank's part (rlvr.distributed).
         tokens, sequences = distributed.global_sum([float(batch.loss_mask.sum()), float(len(batch))])
         norm = Normaliser(tokens=int(tokens), sequences=int(sequences), max_tokens=self.max_tokens)
-        rows = torch.arange(len(batch))
-        if a.kl.coef == 0:
-            rows = rows[batch.advantages != 0]
+        rows = objective.rows(batch)
         self.optimizer.zero_grad(set_to_none=True)
-        out = dict.fromkeys(("loss", "kl", "clipped", "tokens", "mismatch_sum", "mismatch_max"), 0.0)
+        total = LossStats(0.0)
         scorer, model, device = self.scorer, self.policy.model, self.policy.device
-        for sel in scorer.micro_batches(rows):
+        for sel in scorer.micro_batches(rows, objective.pair):
             if sel is None:  # nothing left here: a forward and backward at zero weight, to match theirs
                 logp, _, _ = scorer.forward(model, scorer.idle)
                 (logp.sum() * 0.0).backward()
                 continue
             part = batch.select(sel)
             logp, mask, width = scorer.forward(model, part)  # [n, t]
-            sampler = part.old_logprobs[:, : width - 1].to(device)  # [n, t]
-            if anchor is None:  # the learner's own old logprobs: these, before the step (no gradient)
-                old = logp.detach()
-                weight = tis_weight(old, sampler, mask, self.tis_cap)
-            else:
-                old = anchor[sel, : width - 1].to(device)
-                weight = None if tis is None else tis[sel, : width - 1].to(device)
-            loss, stats = policy_loss(logp, old, None if ref is None else ref[sel, : width - 1].to(device),
-                                      part.advantages.to(device), mask, self.objective, norm, weight)
+            loss, stats = objective.loss(logp, mask, part, fixed.select(sel, width, device), norm)
             (loss * distributed.world_size()).backward()  # FSDP2 averages the ranks' gradients: undo it
-            out["loss"] += stats.loss
-            out["kl"] += stats.kl / max(norm.tokens, 1)
-            out["clipped"] += stats.clipped
-            out["tokens"] += stats.tokens
-            gap = (logp.detach() - sampler).abs() * mask
-            out["mismatch_sum"] += float(gap.sum())
-            out["mismatch_max"] = max(out["mismatch_max"], float(gap.max()) if gap.numel() else 0.0)
-        out["grad_norm"] = self._clip_gradients()
-        out["sequences"] = float(len(rows))
+            total.add(stats)
+        out = {"grad_norm": self._clip_gradients(), "sequences": float(len(rows))}
         if distributed.world_size() > 1:  # the whole batch's figures
-            summed = ("loss", "kl", "clipped", "tokens", "mismatch_sum", "sequences")
-            out.update(zip(summed, distributed.global_sum([out[k] for k in summed]), strict=True))
-            out["mismatch_max"] = distributed.global_max(out["mismatch_max"])
-        out["skipped"] = float(not self._step_or_skip(out["loss"], out["grad_norm"]))
-        return out
+            names = [f.name for f in dataclasses.fields(total) if f.name != "mismatch_max"]
+            for name, value in zip(names, distributed.global_sum([getattr(total, k) for k in names]), strict=True):
+                setattr(total, name, value)
+            total.mismatch_max = distributed.global_max(total.mismatch_max)
+            out["sequences"] = distributed.global_sum([out["sequences"]])[0]
+        out["skipped"] = float(not self._step_or_skip(total.loss, out["grad_norm"]))
+        return total, out
 
     def _clip_gradients(self) -> float:
         """Clip the accumulated gradients to `optim.max_grad_norm`; their norm before clipping."""
@@ -207,34 +187,6 @@ class Learner:
             log.warning("non-finite loss (%s) or gradient norm (%s): update skipped", loss, grad_norm)
             self.optimizer.zero_grad(set_to_none=True)
         return stepped
-
-    def imitate(self, batch: Batch) -> dict[str, float]:
-        """One optimizer step of the cold start on `batch` (demonstrations; `loss_mask` marks the
-        assistant's tokens): `sft_loss`, the token mean over the whole batch, accumulated over
-        micro-batches."""
-        tokens, sequences = distributed.global_sum([float(batch.loss_mask.sum()), float(len(batch))])
-        norm = Normaliser(tokens=int(tokens), sequences=int(sequences), max_tokens=self.max_tokens)
-        scorer, model = self.scorer, self.policy.model
-        scorer.tokens = 0
-        self.optimizer.zero_grad(set_to_none=True)
-        loss = 0.0
-        for sel in scorer.micro_batches(torch.arange(len(batch))):
-            if sel is None:  # nothing left here: a forward and backward at zero weight, to match theirs
-                logp, _, _ = scorer.forward(model, scorer.idle)
-                (logp.sum() * 0.0).backward()
-                continue
-            logp, mask, _ = scorer.forward(model, batch.select(sel))
-            part, _ = sft_loss(logp, mask, norm)
-            (part * distributed.world_size()).backward()  # FSDP2 averages the ranks' gradients: undo it
-            loss += float(part.detach())
-        grad_norm = self._clip_gradients()
-        loss = distributed.global_sum([loss])[0]
-        lr = self.scheduler.get_last_lr()[0]
-        stepped = self._step_or_skip(loss, grad_norm)
-        self.scheduler.step()
-        return {"loss": loss, "grad_norm": grad_norm, "lr": lr, "learn/sequences": sequences,
-                "learn/target_tokens": tokens, "learn/skipped_updates": float(not stepped),
-                "learn/tokens": distributed.global_sum([float(scorer.tokens)])[0]}
 
     def save_optimizer(self, path: Path) -> None:
         """AdamW's state into the folder `path` with torch.distributed.checkpoint: by parameter name, each
