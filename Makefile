@@ -51,5 +51,5 @@ lint: install
 
 # The documentation site (docs/, mkdocs.yml) into site/; the config reference is regenerated first.
 docs: install
-	$(PY) -m rlvr.reference --write
+	$(PY) -m rlvr.config_docs --write
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict

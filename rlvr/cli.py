@@ -63,7 +63,7 @@ WHAT = {"train": "Run RL training (GRPO and descendants) with vLLM rollouts; wri
 def command_help(command: str) -> str:
     """`rlvr train --help` / `rlvr eval --help`: what the command does, the config groups with their
     options (rlvr's, not Hydra's internal schema entries) and where the reference of every key is."""
-    from rlvr.reference import GROUP_LINES, defaults_list, options
+    from rlvr.config_docs import GROUP_LINES, defaults_list, options
 
     chosen = defaults_list()
     lines = [f"usage: rlvr {command} [+experiment=NAME] [GROUP=OPTION ...] [GROUP.KEY=VALUE ...] [-m]", "",

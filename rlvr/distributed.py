@@ -117,7 +117,7 @@ def global_max(value: float) -> float:
 
 
 def shard(model: torch.nn.Module, layers: list[torch.nn.Module]) -> None:
-    """FSDP2 over the process group: each of the model's decoder `layers` (rlvr.kernels.decoder_layers)
+    """FSDP2 over the process group: each of the model's decoder `layers` (rlvr.modeling.kernels.decoder_layers)
     a unit of its own, then the root (embeddings, final norm, LM head); gradients averaged across ranks
     (FSDP2's default)."""
     from torch.distributed.fsdp import fully_shard

@@ -13,8 +13,8 @@ from rich.table import Table
 
 from rlvr.config import TrainConfig
 from rlvr.metrics import sample_record, summarise
+from rlvr.records import Prompt, Rollout
 from rlvr.rewards import Rewards
-from rlvr.types import Prompt, Rollout
 
 log = logging.getLogger("rlvr")
 

@@ -12,13 +12,12 @@ def keep_freed_memory() -> bool:
 
     By default it maps each block of more than 128 KB-32 MB on its own and unmaps it on free, and
     trims the heap's free top: every step of the learner then allocates its big tensors (logits, the
-    embedding's gradient, bf16 copies of the weights) in pages the kernel must fault in afresh, ~1M
-    page faults a step on SmolLM2 (4 GB), a quarter of a bf16-mixed update on a 2-core CPU. With no
+    embedding's gradient, bf16 copies of the weights) in pages the kernel must fault in afresh, a large
+    share of a bf16-mixed update on a small CPU (docs/speed.md). With no
     block mapped on its own and no trim, the next step reuses the same pages (0 faults by the third
     step). The cost: resident memory stays at its peak instead of shrinking between steps, and a freed
     block can stay a hole that a slightly bigger aligned request does not fit. The peak creeps up over
-    a run either way (`make train`, side by side: 4.94 -> 6.16 GiB from step 1 to 10 with this, 4.90 ->
-    5.91 without); this adds ~0.25 GiB to it."""
+    a run either way; this adds a little to it (docs/speed.md)."""
     name = ctypes.util.find_library("c")
     if not sys.platform.startswith("linux") or name is None:
         return False

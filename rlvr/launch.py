@@ -35,8 +35,8 @@ from rlvr.checkpoint import complete_checkpoints
 from rlvr.config import TrainConfig, check
 from rlvr.distributed import on_rank0, rank, timed_out
 from rlvr.errors import RlvrError
-from rlvr.logging import Harmless
 from rlvr.rundir import GracefulStop
+from rlvr.runlog import Harmless
 
 log = logging.getLogger("rlvr")
 

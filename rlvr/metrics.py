@@ -1,6 +1,6 @@
 """What a training step records: the typed `StepMetrics` of the loop, and the summaries of a set of
 rollouts that it and the evaluations share. Everything goes to metrics.jsonl as flat `name: value`
-pairs; the names are those the curves (rlvr.plot) and the console line (rlvr.logging) read."""
+pairs; the names are those the curves (rlvr.plot) and the console line (rlvr.runlog) read."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from dataclasses import dataclass, field, fields
 
 import torch
 
+from rlvr.records import Rollout
 from rlvr.rewards import Rewards
-from rlvr.types import Rollout
 
 
 def summarise(rollouts: list[Rollout], rewards: Rewards, prefix: str = "") -> dict[str, float]:

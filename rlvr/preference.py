@@ -38,9 +38,9 @@ from rlvr import distributed
 from rlvr.config import TrainConfig
 from rlvr.data import Task
 from rlvr.data.files import DataError, read_located
+from rlvr.records import Demonstration, Prompt, Rollout
 from rlvr.sft import SftDataError, encode, from_row
 from rlvr.tools import ToolBox
-from rlvr.types import Demonstration, Prompt, Rollout
 
 log = logging.getLogger("rlvr")
 
@@ -172,7 +172,7 @@ def ranked_pairs(rollouts: list[Rollout], scores: torch.Tensor, most: int) -> li
     adjacent in `rollouts`), the best-scored answer with the worst, the second with the second worst, ...
     while the first scores strictly higher, at most `most` pairs a group.
 
-    >>> from rlvr.types import Prompt
+    >>> from rlvr.records import Prompt
     >>> rs = [Rollout(Prompt([], ""), 0, [1], [t], [0.0], str(t), "stop") for t in range(4)]
     >>> [(c.text, r.text) for c, r in ranked_pairs(rs, torch.tensor([[1.0, 0.0, 1.0, 0.0]]), 4)]
     [('0', '3'), ('2', '1')]

@@ -12,8 +12,8 @@ from __future__ import annotations
 import logging
 
 from rlvr.errors import RlvrError
+from rlvr.records import Prompt
 from rlvr.tools import ToolBox, instructions, takes_tools
-from rlvr.types import Prompt
 
 log = logging.getLogger("rlvr")
 

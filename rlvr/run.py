@@ -24,14 +24,14 @@ from rlvr import checkpoint, distributed, models, rundir
 from rlvr.config import TrainConfig, check
 from rlvr.data import Task, build_task
 from rlvr.host import keep_freed_memory
-from rlvr.logging import Logger, NullLogger, manifest
-from rlvr.precision import Precision, pick_device
-from rlvr.precision import resolve as resolve_precision
+from rlvr.learner.precision import Precision, pick_device
+from rlvr.learner.precision import resolve as resolve_precision
 from rlvr.prompts import PromptFit
+from rlvr.records import Prompt
 from rlvr.rewards import Rewards
 from rlvr.rollout.engine import Canary, Engine, build_engine, canary_sequence, check_backend, check_engine
 from rlvr.rollout.multiturn import Generate, build_tools, rollout_generator
-from rlvr.types import Prompt
+from rlvr.runlog import Logger, NullLogger, manifest
 
 log = logging.getLogger("rlvr")
 

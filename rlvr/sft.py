@@ -32,9 +32,9 @@ from rlvr.data import Task
 from rlvr.data.files import DataError, read_located
 from rlvr.errors import RlvrError
 from rlvr.prompts import MAX_DRAWS, render
+from rlvr.records import Demonstration, Prompt, Rollout
 from rlvr.rollout.multiturn import between_turns
 from rlvr.tools import CALL_CLOSE, CALL_OPEN, ToolBox
-from rlvr.types import Demonstration, Prompt, Rollout
 
 log = logging.getLogger("rlvr")
 

@@ -38,10 +38,10 @@ from rlvr.loop import Watch, run_steps, sync
 from rlvr.metrics import StepMetrics, StepTimes, peak_memory, summarise
 from rlvr.monitor import DegenerationMonitor
 from rlvr.prompts import PromptFit
+from rlvr.records import Rollout
 from rlvr.rewards import Rewards
 from rlvr.rollout.multiturn import Generate
 from rlvr.run import Run, build
-from rlvr.types import Rollout
 
 log = logging.getLogger("rlvr")
 

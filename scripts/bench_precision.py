@@ -122,10 +122,10 @@ def fixed_rollout(engine, batch, rollout, seed: int) -> int:
 def child(precision_name: str, overrides: list[str], batch_file: Path, repeats: int, warmup: int) -> dict:
     from rlvr.host import keep_freed_memory
     from rlvr.learner import Learner
-    from rlvr.precision import resolve
+    from rlvr.learner.precision import resolve
+    from rlvr.records import Batch
     from rlvr.rollout.engine import Canary, canary_sequence
     from rlvr.rollout.vllm_engine import VllmEngine
-    from rlvr.types import Batch
 
     keep_freed_memory()  # as `rlvr train` does
     cfg = config([f"learner.precision={precision_name}", *overrides])
@@ -192,7 +192,7 @@ def main() -> int:
         print(json.dumps(child(precision, args.overrides, Path(batch_file), args.repeats, args.warmup)))
         return 0
 
-    from rlvr.precision import cpu_bf16_flags
+    from rlvr.learner.precision import cpu_bf16_flags
 
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                 if line.startswith("model name")), platform.processor())

@@ -54,9 +54,9 @@ def pairs(overrides: list[str], n: int, out: Path) -> None:
 
     from rlvr import models
     from rlvr.data import build_task
+    from rlvr.records import Demonstration
     from rlvr.rollout.multiturn import build_tools
     from rlvr.sft import Demonstrations, encode
-    from rlvr.types import Demonstration
 
     cfg = config(overrides)
     path = models.resolve(cfg.model, Path(cfg.cache_dir))
@@ -78,9 +78,9 @@ def _tokens(row: dict) -> int:
 def rlvr_variant(overrides: list[str], data: Path, steps: int, warmup: int, n: int) -> dict:
     from rlvr.algorithms.objective import Preference, PreferenceConfig
     from rlvr.learner import Learner, make_batch
-    from rlvr.precision import resolve
+    from rlvr.learner.precision import resolve
     from rlvr.preference import stage_config
-    from rlvr.types import Prompt, Rollout
+    from rlvr.records import Prompt, Rollout
 
     cfg = stage_config(config(overrides))
     blob = json.loads(data.read_text())

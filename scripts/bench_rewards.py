@@ -17,8 +17,8 @@ from hydra import compose, initialize_config_dir
 from rlvr.cli import CONFIG_DIR
 from rlvr.config import register, typed
 from rlvr.data import build_task
+from rlvr.records import Rollout
 from rlvr.rewards import Rewards
-from rlvr.types import Rollout
 
 COMPLETIONS = {
     "multiplication": ["<answer>{answer}</answer>", "So it is {answer}.", "Let me think... 12 * 3 = 36", ""],

@@ -67,9 +67,9 @@ def rows(overrides: list[str], n: int, out: Path) -> None:
 
 def rlvr_variant(overrides: list[str], data: Path, steps: int, warmup: int) -> dict:
     from rlvr.learner import Learner, make_batch
-    from rlvr.precision import resolve
+    from rlvr.learner.precision import resolve
+    from rlvr.records import Prompt, Rollout
     from rlvr.sft import stage_config
-    from rlvr.types import Prompt, Rollout
 
     cfg = stage_config(config(overrides))
     blob = json.loads(data.read_text())

@@ -68,7 +68,7 @@ def learn(experiment: str, overrides: list[str], batch_file: Path, shared: bool,
     the time of an update does not depend on the weights)."""
     from rlvr import models
     from rlvr.learner import Learner
-    from rlvr.types import Batch
+    from rlvr.records import Batch
 
     cfg = config(experiment, [*overrides, f"learner.shared_prefix={str(shared).lower()}"])
     path = models.resolve(cfg.model, Path(cfg.cache_dir))

@@ -35,7 +35,7 @@ def measure(model: str, precision_name: str, updates: int) -> dict[str, list[flo
     from rlvr.algorithms import advantages
     from rlvr.data import build_task
     from rlvr.learner import Learner, make_batch
-    from rlvr.precision import resolve
+    from rlvr.learner.precision import resolve
     from rlvr.prompts import render
     from rlvr.rewards import Rewards
     from rlvr.rollout import fingerprint

@@ -43,11 +43,11 @@ def measure(path: Path, cache: Path) -> dict[str, tuple[float, float, float]]:
     from rlvr.cli import CONFIG_DIR
     from rlvr.config import register, typed
     from rlvr.learner import Learner, make_batch
-    from rlvr.precision import resolve
+    from rlvr.learner.precision import resolve
     from rlvr.prompts import render
+    from rlvr.records import Prompt
     from rlvr.rollout.engine import canary_logprobs, canary_sequence
     from rlvr.rollout.vllm_engine import VllmEngine
-    from rlvr.types import Prompt
 
     register()
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):

@@ -13,9 +13,9 @@ import types
 import pytest
 
 from rlvr.data.bfcl import BfclTask, demonstration_call, load, tool_schema
+from rlvr.records import Prompt
 from rlvr.rewards.bfcl import ast_call, parse_calls, why_not
 from rlvr.tools import CALL_CLOSE, CALL_OPEN
-from rlvr.types import Prompt
 
 CATEGORIES = ["simple_python", "multiple", "live_simple", "live_multiple"]
 

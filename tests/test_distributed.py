@@ -13,7 +13,7 @@ import torch
 
 from rlvr import distributed
 from rlvr.learner import Learner, make_batch
-from rlvr.types import Prompt, Rollout
+from rlvr.records import Prompt, Rollout
 
 from .conftest import compose_config
 

@@ -7,13 +7,13 @@ import dataclasses
 import re
 import typing
 
-from rlvr import reference
+from rlvr import config_docs as reference
 from rlvr.config import TrainConfig
 
 
 def test_the_config_reference_is_current():
     assert reference.OUT.read_text() == reference.render(), \
-        "docs/reference.md is out of date: regenerate it with `python -m rlvr.reference --write`"
+        "docs/reference.md is out of date: regenerate it with `python -m rlvr.config_docs --write`"
 
 
 def test_every_key_of_every_group_is_in_the_reference_with_what_it_does():

@@ -6,13 +6,13 @@ import pytest
 import torch
 
 from rlvr.learner import make_batch
-from rlvr.logprobs import token_logprobs
-from rlvr.precision import CANARY_TOL
+from rlvr.learner.precision import CANARY_TOL
+from rlvr.modeling.logprobs import token_logprobs
 from rlvr.prompts import render
+from rlvr.records import Prompt
 from rlvr.rollout import fingerprint
 from rlvr.rollout.engine import Canary, EngineError, WeightSyncError, canary_sequence, check_canary
 from rlvr.rollout.vllm_engine import VllmEngine
-from rlvr.types import Prompt
 
 from .conftest import tiny_learner
 

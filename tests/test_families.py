@@ -13,15 +13,15 @@ import pytest
 import torch
 
 from rlvr.learner import Learner, make_batch
+from rlvr.learner.precision import CANARY_TOL
 from rlvr.learner.scoring import shared_prefix_choice
-from rlvr.logprobs import token_logprobs
+from rlvr.modeling.logprobs import token_logprobs
 from rlvr.models import build_atomically
 from rlvr.models.tiny import FAMILIES, build_family
-from rlvr.precision import CANARY_TOL
 from rlvr.prompts import render
+from rlvr.records import Prompt
 from rlvr.rollout.engine import Canary, WeightSyncError, canary_sequence
 from rlvr.rollout.hf_engine import TransformersEngine
-from rlvr.types import Prompt
 
 from .conftest import compose_config
 from .test_hf_engine import assert_each_scores_the_others_samples
@@ -97,7 +97,7 @@ def test_lora_adapts_every_linear_layer_by_the_familys_names(family, family_path
 
 @pytest.mark.parametrize("family", ALL)
 def test_compiled_layers_give_the_eager_logprobs_and_gradients(family, family_path, cache_dir):
-    from rlvr.kernels import compile_layers, decoder_layers
+    from rlvr.modeling.kernels import compile_layers, decoder_layers
 
     _, learner = _learner(cache_dir, family_path(family))
     eager = learner.policy.model

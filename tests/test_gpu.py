@@ -1,6 +1,6 @@
 """The CUDA path (marked `gpu`: skipped without an NVIDIA GPU; CI never has one). On a GPU machine
 without vLLM, `bash scripts/gpu_check.sh` runs the full table; this runs its smallest case, and
-checks that the learner's bf16 attention does not use cuDNN's kernel (rlvr.kernels.SDPA_BACKENDS)."""
+checks that the learner's bf16 attention does not use cuDNN's kernel (rlvr.modeling.kernels.SDPA_BACKENDS)."""
 
 from __future__ import annotations
 
@@ -24,12 +24,12 @@ def test_train_on_cuda_with_the_transformers_backend_in_bf16():
 
 
 def test_the_learners_forwards_leave_cudnn_attention_out(cache_dir, tiny_path):
-    """cuDNN's attention builds a graph for each new shape (0.7 s a width on an H200, rlvr.kernels.SDPA_BACKENDS);
+    """cuDNN's attention builds a graph for each new shape (0.7 s a width on an H200, rlvr.modeling.kernels.SDPA_BACKENDS);
     a bf16 attention with a mask under the learner's forward context must run another kernel."""
     from torch.profiler import profile
 
     from rlvr.learner import Learner
-    from rlvr.precision import resolve
+    from rlvr.learner.precision import resolve
 
     from .conftest import compose_config
 

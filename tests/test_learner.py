@@ -8,14 +8,14 @@ import shutil
 import pytest
 import torch
 
-from rlvr import kernels
 from rlvr.algorithms.losses import Normaliser, tis_weight
 from rlvr.algorithms.objective import policy_loss
-from rlvr.kernels import compile_choice, decoder_layers
 from rlvr.learner import Learner, make_batch
-from rlvr.logprobs import token_logprobs
+from rlvr.modeling import kernels
+from rlvr.modeling.kernels import compile_choice, decoder_layers
+from rlvr.modeling.logprobs import token_logprobs
 from rlvr.models import ModelError
-from rlvr.types import Prompt, Rollout
+from rlvr.records import Prompt, Rollout
 
 from .conftest import compose_config
 
@@ -175,7 +175,7 @@ def test_tis_from_the_update_s_own_forward_is_the_objective_of_the_whole_batch(c
 
 
 def test_eager_attention_only_for_short_cpu_forwards():
-    from rlvr.kernels import EAGER_MAX_ELEMENTS, attention_kernel
+    from rlvr.modeling.kernels import EAGER_MAX_ELEMENTS, attention_kernel
 
     assert attention_kernel("cpu", 1, 300, 9) == "eager"  # a group of 8 packed in one lane: 0.8M attention weights
     assert attention_kernel("cpu", 5, 464, 9) == "sdpa"  # 64 sequences of multiplication in 5 lanes: 9.7M

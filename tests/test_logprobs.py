@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from rlvr import logprobs
-from rlvr.logprobs import target_logprobs
+from rlvr.modeling import logprobs
+from rlvr.modeling.logprobs import target_logprobs
 
 
 def plain(logits: torch.Tensor, targets: torch.Tensor, temperature: float) -> torch.Tensor:

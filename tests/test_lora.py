@@ -15,14 +15,14 @@ from transformers import AutoModelForCausalLM
 
 from rlvr.config import ConfigError, check
 from rlvr.learner import Learner, make_batch
-from rlvr.logprobs import token_logprobs
-from rlvr.lora import merged_weights
+from rlvr.learner.lora import merged_weights
+from rlvr.learner.precision import CANARY_TOL
+from rlvr.modeling.logprobs import token_logprobs
 from rlvr.models import ModelError
-from rlvr.precision import CANARY_TOL
 from rlvr.prompts import render
+from rlvr.records import Prompt
 from rlvr.rollout.engine import canary_sequence, check_canary
 from rlvr.rollout.vllm_engine import VllmEngine
-from rlvr.types import Prompt
 
 from .conftest import compose_config, run_cli
 from .test_checkpoint import COMPARED, RUN, _start, _steps, _wait_for_step

@@ -9,8 +9,7 @@ import shutil
 import pytest
 import torch
 
-from rlvr import precision
-from rlvr.learner import Learner
+from rlvr.learner import Learner, precision
 
 from .conftest import compose_config, run_cli
 from .test_learner import _batch
@@ -91,11 +90,11 @@ def test_a_bf16_engine_serving_weights_corrupted_before_the_sync_is_caught(cache
     position) lets it through; the mean difference against the learner's own rounding (its float32
     logprobs against bf16) stops it. Honest syncs after real updates pass."""
     from rlvr.learner import Learner, make_batch
-    from rlvr.precision import resolve
+    from rlvr.learner.precision import resolve
     from rlvr.prompts import render
+    from rlvr.records import Prompt
     from rlvr.rollout.engine import Canary, WeightSyncError, canary_sequence
     from rlvr.rollout.vllm_engine import VllmEngine
-    from rlvr.types import Prompt
 
     cfg = compose_config(["model=tiny", "optim.lr=1e-2", "rollout.max_tokens=16", "learner.precision=bf16-mixed",
                           "learner.compile=false"], cache_dir)

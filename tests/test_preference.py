@@ -14,7 +14,7 @@ import torch
 from rlvr.algorithms.losses import Normaliser
 from rlvr.algorithms.objective import Preference, PreferenceConfig, preference_loss
 from rlvr.preference import ranked_pairs
-from rlvr.types import Prompt, Rollout
+from rlvr.records import Prompt, Rollout
 
 from .conftest import cli_here, compose_config, run_cli
 

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from rlvr.prompts import render
+from rlvr.records import Prompt, Rollout
 from rlvr.rewards import RewardError, Rewards
 from rlvr.rewards.models import Judge, RewardModel
-from rlvr.types import Prompt, Rollout
 
 from .conftest import reward_config
 

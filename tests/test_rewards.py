@@ -13,8 +13,8 @@ import time
 
 import pytest
 
+from rlvr.records import Prompt, Rollout
 from rlvr.rewards import RewardError, Rewards, answer, combine, equivalence, structured, tags, text
-from rlvr.types import Prompt, Rollout
 
 from .conftest import REPO, reward_config
 
@@ -302,7 +302,7 @@ CTRL_C = """
 import json, signal
 from rlvr.rewards import Rewards
 from tests.conftest import reward_config
-from rlvr.types import Prompt, Rollout
+from rlvr.records import Prompt, Rollout
 
 noted = []
 signal.signal(signal.SIGINT, lambda signum, frame: noted.append(signum))

@@ -11,10 +11,10 @@ import torch
 
 from rlvr.learner import Learner, make_batch
 from rlvr.learner.scoring import shared_prefix_choice
-from rlvr.logprobs import token_logprobs
+from rlvr.learner.shared_prefix import lanes_of, pack, packed_shape, shared_prefix_logprobs
+from rlvr.modeling.logprobs import token_logprobs
 from rlvr.models import build_atomically
-from rlvr.shared_prefix import lanes_of, pack, packed_shape, shared_prefix_logprobs
-from rlvr.types import Prompt, Rollout
+from rlvr.records import Prompt, Rollout
 
 from .conftest import compose_config
 

@@ -10,9 +10,9 @@ import pytest
 
 from rlvr.models.tiny import build_tokenizer
 from rlvr.prompts import render
+from rlvr.records import Prompt
 from rlvr.rollout.multiturn import between_turns, build_tools
 from rlvr.tools import CALL_OPEN, instructions, takes_tools
-from rlvr.types import Prompt
 
 from .conftest import compose_config
 

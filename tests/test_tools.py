@@ -19,7 +19,7 @@ import rlvr.tools.calculator
 from rlvr.algorithms.objective import SFT
 from rlvr.data.multiplication import MultiplicationTask
 from rlvr.learner import make_batch
-from rlvr.precision import CANARY_TOL
+from rlvr.learner.precision import CANARY_TOL
 from rlvr.prompts import render
 from rlvr.rollout.multiturn import ToolRollouts, build_tools
 from rlvr.tools import ToolBox, ToolConfigError, load_tools, parse_call

@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from rlvr.logprobs import token_logprobs
+from rlvr.modeling.logprobs import token_logprobs
 
 from .conftest import RLVR, run_cli
 

@@ -164,7 +164,7 @@ def test_the_start_check_draws_as_many_prompts_as_a_step_may(tiny_path):
     from transformers import AutoTokenizer
 
     from rlvr.prompts import ContextError, PromptFit
-    from rlvr.types import Prompt
+    from rlvr.records import Prompt
 
     fit = PromptFit(AutoTokenizer.from_pretrained(tiny_path), max_model_len=128, max_tokens=16)
     long, short = Prompt([{"role": "user", "content": "7 * 8 " * 100}], ""), Prompt([{"role": "user", "content": "hi"}], "")

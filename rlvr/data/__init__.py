@@ -16,7 +16,7 @@ from typing import Protocol
 
 from rlvr.config import TrainConfig, task_options
 from rlvr.errors import RlvrError, import_failure
-from rlvr.types import Prompt
+from rlvr.records import Prompt
 
 
 class Task(Protocol):

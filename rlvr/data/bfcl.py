@@ -32,9 +32,9 @@ from pathlib import Path
 
 from rlvr.data import Passes
 from rlvr.errors import RlvrError
+from rlvr.records import Demonstration, Prompt
 from rlvr.rewards.bfcl import ast_call
 from rlvr.tools import CALL_CLOSE, CALL_OPEN
-from rlvr.types import Demonstration, Prompt
 
 log = logging.getLogger("rlvr")
 

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from rlvr.data import Passes
 from rlvr.errors import RlvrError
-from rlvr.types import Prompt
+from rlvr.records import Prompt
 
 log = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from rlvr.data import chat, is_held_out, rng_state, set_rng_state
-from rlvr.types import Demonstration, Prompt
+from rlvr.records import Demonstration, Prompt
 
 CITIES = ["Paris", "Tokyo", "Lima", "Oslo", "Cairo", "Denver", "Madrid", "Seoul", "Nairobi", "Toronto"]
 LANGUAGES = ["French", "German", "Spanish", "Japanese", "Italian", "Swahili"]

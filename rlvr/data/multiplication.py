@@ -10,8 +10,8 @@ import json
 import random
 
 from rlvr.data import chat, is_held_out, rng_state, set_rng_state
+from rlvr.records import Demonstration, Prompt
 from rlvr.tools import CALL_CLOSE, CALL_OPEN
-from rlvr.types import Demonstration, Prompt
 
 DEMONSTRATIONS = ("written", "calculator")
 

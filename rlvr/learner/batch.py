@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from rlvr.types import Batch, Rollout
+from rlvr.records import Batch, Rollout
 
 
 def make_batch(rollouts: list[Rollout], pad_id: int, mask_truncated: bool = False) -> Batch:

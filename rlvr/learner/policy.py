@@ -13,8 +13,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rlvr import distributed
 from rlvr.config import LoraConfig
-from rlvr.kernels import compile_choice, compile_layers, decoder_layers
-from rlvr.lora import merged_weights, with_adapters
+from rlvr.learner.lora import merged_weights, with_adapters
+from rlvr.modeling.kernels import compile_choice, compile_layers, decoder_layers
 from rlvr.models import ModelError
 
 

@@ -1,5 +1,5 @@
 """The learner's forwards: logprobs of a batch's target tokens under the policy or its reference, in
-micro-batches, each group's prompt forwarded once (`rlvr.shared_prefix`), with the attention kernel
+micro-batches, each group's prompt forwarded once (`rlvr.learner.shared_prefix`), with the attention kernel
 picked per forward and, across processes, idle passes that keep the FSDP ranks in step."""
 
 from __future__ import annotations
@@ -10,12 +10,12 @@ from collections.abc import Iterator
 import torch
 
 from rlvr import distributed
-from rlvr.kernels import attention_kernel, attention_kernels
 from rlvr.learner.batch import make_batch
 from rlvr.learner.policy import Policy
-from rlvr.logprobs import token_logprobs
-from rlvr.shared_prefix import TESTED, packed_shape, shared_prefix_logprobs
-from rlvr.types import Batch, Prompt, Rollout
+from rlvr.learner.shared_prefix import TESTED, packed_shape, shared_prefix_logprobs
+from rlvr.modeling.kernels import attention_kernel, attention_kernels
+from rlvr.modeling.logprobs import token_logprobs
+from rlvr.records import Batch, Prompt, Rollout
 
 
 def shared_prefix_choice(setting: str | bool, model_type: str, group_size: int) -> tuple[bool, str]:

@@ -30,9 +30,9 @@ from hydra.utils import get_method
 
 from rlvr.config import Combine, RewardConfig
 from rlvr.errors import RlvrError, import_failure
+from rlvr.records import Rollout
 from rlvr.rewards.pool import Call, Outcome, RewardPool
 from rlvr.timeout import call_with_timeout
-from rlvr.types import Rollout
 
 if TYPE_CHECKING:  # imported where used: reward worker processes start without torch
     import torch

@@ -17,9 +17,9 @@ import math
 import re
 import string
 
+from rlvr.records import Prompt
 from rlvr.rewards.structured import parse_call
 from rlvr.rewards.tags import answer_tag
-from rlvr.types import Prompt
 
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 _NUMBER = re.compile(r"-?[0-9][0-9,]*(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?|-?\.[0-9]+")

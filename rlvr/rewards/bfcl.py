@@ -39,7 +39,7 @@ def ast_call(completion: str, prompt) -> float:
     Reads the functions offered (`prompt.meta["functions"]`, BFCL's schemas) and the ground truth
     (`prompt.answer`: BFCL's `ground_truth`, a JSON list of {function: {parameter: [acceptable values]}}).
 
-    >>> from rlvr.types import Prompt
+    >>> from rlvr.records import Prompt
     >>> fn = {"name": "area", "parameters": {"type": "dict", "required": ["base"],
     ...       "properties": {"base": {"type": "float"}, "unit": {"type": "string"}}}}
     >>> p = Prompt([], json.dumps([{"area": {"base": [10.0], "unit": ["cm", ""]}}]), {"functions": [fn]})
@@ -59,7 +59,7 @@ def called_function(completion: str, prompt) -> float:
     """1.0 when the completion's first call (in the protocol) names the expected function, whatever its
     arguments: the function-picking half of `ast_call`.
 
-    >>> from rlvr.types import Prompt
+    >>> from rlvr.records import Prompt
     >>> p = Prompt([], json.dumps([{"area": {"base": [10]}}]))
     >>> called_function('<tool_call>{"name": "area", "arguments": {"base": "ten"}}</tool_call>', p)
     1.0

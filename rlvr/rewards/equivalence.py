@@ -6,8 +6,8 @@ from __future__ import annotations
 import logging
 import re
 
+from rlvr.records import Prompt
 from rlvr.rewards.answer import answer_tag
-from rlvr.types import Prompt
 
 _THOUSANDS = re.compile(r"(?<=[0-9]),(?=[0-9]{3}(?![0-9]))")
 

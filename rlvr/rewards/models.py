@@ -22,7 +22,7 @@ import math
 import re
 from pathlib import Path
 
-from rlvr.types import Prompt
+from rlvr.records import Prompt
 
 log = logging.getLogger(__name__)
 

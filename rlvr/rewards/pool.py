@@ -13,7 +13,7 @@ import time
 from collections import deque
 from multiprocessing.connection import Connection, wait
 
-from rlvr.types import Prompt
+from rlvr.records import Prompt
 
 # A call: (term name, completion, prompt). Its outcome: (value, None) or (None, error message).
 Call = tuple[str, str, Prompt]

@@ -10,8 +10,8 @@ import json
 import math
 import re
 
+from rlvr.records import Prompt
 from rlvr.rewards.tags import answer_tag
-from rlvr.types import Prompt
 
 _FENCE = re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.DOTALL)
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*")

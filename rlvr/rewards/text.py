@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rlvr.types import Prompt
+from rlvr.records import Prompt
 
 
 def starts_with(completion: str, prompt: Prompt, prefix: str | list[str]) -> float:

@@ -26,8 +26,8 @@ import torch
 
 from rlvr.config import Backend, RolloutConfig
 from rlvr.errors import EngineConfigError, EngineError, WeightSyncError
+from rlvr.records import Prompt, Rollout
 from rlvr.rollout.fingerprint import WIDTH, digest, window
-from rlvr.types import Prompt, Rollout
 
 __all__ = ["EngineConfigError", "EngineError", "WeightSyncError"]  # re-exported: raised by either engine
 

@@ -21,11 +21,11 @@ import torch
 
 from rlvr.config import RolloutConfig
 from rlvr.errors import EngineError, WeightSyncError
-from rlvr.kernels import attention_kernels
-from rlvr.logprobs import token_logprobs
+from rlvr.modeling.kernels import attention_kernels
+from rlvr.modeling.logprobs import token_logprobs
+from rlvr.records import Prompt, Rollout
 from rlvr.rollout import request_seeds
 from rlvr.rollout.fingerprint import digest, window
-from rlvr.types import Prompt, Rollout
 
 # Rows (samples) decoded together; a call with more runs in chunks of this many, so that the KV cache
 # of a large evaluation (prompts x eval.n_samples) stays bounded.
@@ -132,7 +132,7 @@ class TransformersEngine:
 
     def _forward(self, **inputs):
         """The model on `inputs`, with the attention kernels of `self.device`: the prompt width changes
-        with every call, which cuDNN's attention pays for on CUDA (rlvr.kernels.SDPA_BACKENDS)."""
+        with every call, which cuDNN's attention pays for on CUDA (rlvr.modeling.kernels.SDPA_BACKENDS)."""
         with attention_kernels(self.device):
             return self.model(**inputs)
 

@@ -17,9 +17,9 @@ from collections.abc import Callable
 
 from rlvr.config import RolloutConfig
 from rlvr.prompts import render_with_tools
+from rlvr.records import Prompt, Rollout
 from rlvr.rollout.engine import Engine
 from rlvr.tools import CALL_CLOSE, ToolBox, load_tools, parse_call
-from rlvr.types import Prompt, Rollout
 
 _SENTINEL = "\u2063rlvr-assistant-turn\u2063"  # marks where the model's turn sits in a rendered template
 

@@ -22,9 +22,9 @@ import torch
 from rlvr import distributed
 from rlvr.config import RolloutConfig
 from rlvr.errors import EngineConfigError, EngineError, WeightSyncError
+from rlvr.records import Prompt, Rollout
 from rlvr.rollout import request_seeds
 from rlvr.rollout.fingerprint import columns, digest, window
-from rlvr.types import Prompt, Rollout
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +90,8 @@ def _vllm_environment(cache_dir: Path) -> Iterator[None]:
     job of the same process (a Hydra multirun) can still read a hub dataset."""
     import huggingface_hub.constants as hub  # vLLM reads the flag here, not from the environment
 
-    # In-process engine: starts in ~4 s instead of ~30 s, and takes weights by reference.
+    # In-process engine: starts several times faster than a separate engine process, and takes weights
+    # by reference (docs/speed.md).
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
     os.environ.setdefault("VLLM_CACHE_ROOT", str(cache_dir / "vllm"))
@@ -157,9 +158,7 @@ class VllmEngine:
             # KV blocks of 32 tokens (the smallest CPU attention takes) instead of vLLM's 128 on CPU: the
             # prefix cache shares only full blocks, also among the G samples of a prompt prefilled in one
             # step, so a group pays once for all but the last <32 tokens of its prompt instead of G times
-            # for prompts under 128 tokens. SmolLM2, 8 prompts of 40 tokens x 8 samples of up to 48: the
-            # prefill 0.5-0.7 s instead of 2.3 s in float32 (0.2 against 0.7-0.8 in bf16), a rollout 5.1-5.4
-            # s instead of 7.2 (2.6-2.7 against 3.3-3.4); 16 sequences of 300 + 300 tokens: the same.
+            # for prompts under 128 tokens (what it saves: docs/speed.md).
             kwargs["block_size"] = 32
         else:
             kwargs["gpu_memory_utilization"] = cfg.gpu_memory_utilization

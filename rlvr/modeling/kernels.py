@@ -13,12 +13,11 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from rlvr import distributed
 from rlvr.models import ModelError
 
-# SDPA's kernels on CUDA, cuDNN's left out. torch 2.11 picks cuDNN's attention first for a bf16 forward
-# with a mask on an H200, and it builds a graph for each new shape: the first forward and backward at
-# a new width took 0.70 s (mean of 10, max 2.1 s) against 0.7 ms with memory-efficient attention. The
-# learner's widths change with every micro-batch, so it paid that at nearly every one: a bf16-mixed
-# update of the tiny model took 2.9 s with it and 0.12 s without (scripts/gpu_check.py; docs/backends.md, The
-# CUDA path). Flash and memory-efficient attention take any shape at no set-up cost. The transformers
+# SDPA's kernels on CUDA, cuDNN's left out. torch picks cuDNN's attention first for a bf16 forward with a
+# mask, and it builds a graph for each new shape, at a cost far above the forward's own. The learner's
+# widths change with every micro-batch, so it paid that at nearly every one (measured with
+# scripts/gpu_check.py: docs/backends.md, The CUDA path). Flash and memory-efficient attention take any
+# shape at no set-up cost. The transformers
 # engine (rlvr.rollout.hf_engine), whose prompt widths change with every call, leaves it out too.
 SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
@@ -28,19 +27,17 @@ def attention_kernels(device: str) -> contextlib.AbstractContextManager:
     return sdpa_kernel(SDPA_BACKENDS) if torch.device(device).type == "cuda" else contextlib.nullcontext()
 
 # On CPU, eager attention while the attention weights it keeps for the backward stay this small
-# (elements of [rows, heads, width, width] per layer: ~0.6 GiB over SmolLM2's 30 layers under
-# bf16-mixed), SDPA beyond (`attention_kernel`).
+# (elements of [rows, heads, width, width] per layer), SDPA beyond (`attention_kernel`).
 EAGER_MAX_ELEMENTS = 2**21
 
 
 def attention_kernel(device: str, rows: int, width: int, heads: int) -> str:
     """The attention implementation for a forward of `rows` rows (sequences, or packed lanes) of `width`
-    tokens. SDPA's CPU flash kernel costs ~5 ms a call in its backward whatever the size, which dominates
-    small forwards: on micro-batches of 8 88-token sequences eager attention made a whole update of
-    SmolLM2 ~10 % faster, fp32 and bf16 alike. Eager keeps the [rows, heads, width, width] attention
-    weights for the backward, so it is only taken while they are small; SDPA's memory grows linearly with
-    the width. On 64 sequences packed into 5 lanes of 464 tokens SDPA was as fast and took 2 GiB less
-    (bf16-mixed: 4.1 s an update, 5.4 against 7.4 GiB). On GPUs: SDPA."""
+    tokens. SDPA's CPU flash kernel has a fixed cost a call in its backward whatever the size, which
+    dominates small forwards, where eager attention makes a whole update faster. Eager keeps the [rows,
+    heads, width, width] attention weights for the backward, so it is only taken while they are small;
+    SDPA's memory grows linearly with the width, and on long packed lanes it was as fast and took less
+    memory (docs/speed.md). On GPUs: SDPA."""
     if torch.device(device).type == "cpu" and rows * heads * width * width <= EAGER_MAX_ELEMENTS:
         return "eager"
     return "sdpa"
@@ -49,12 +46,11 @@ def attention_kernel(device: str, rows: int, width: int, heads: int) -> str:
 def compile_choice(setting: str | bool, bf16: bool, device: str) -> tuple[bool, str]:
     """Whether the learner compiles its decoder layers with torch.compile (`learner.compile`), and why.
 
-    On SmolLM2 under bf16-mixed on a 2-core AMX Xeon, a forward and backward of 64 sequences took 2.9 s
-    compiled against 3.6 s eager: autocast's casts, the norms and the activation fuse into few passes,
-    where eager runs each as a pass over the activations of its own. In fp32 the matrix products dominate
-    and it gained nothing (7.1 s either way). The first step pays for compiling: ~15 s, ~5 s with
-    torch's compile cache (/tmp/torchinductor_<user>) warm; once more the first time a run takes the other
-    attention kernel (`attention_kernel`). Not measured on GPUs nor across processes."""
+    Under bf16-mixed on a CPU, compiled layers are faster: autocast's casts, the norms and the activation
+    fuse into few passes, where eager runs each as a pass over the activations of its own. In fp32 the
+    matrix products dominate and it gained nothing (docs/speed.md). The first step pays for compiling
+    (less with torch's compile cache, /tmp/torchinductor_<user>, warm), once more the first time a run
+    takes the other attention kernel (`attention_kernel`). Not measured on GPUs nor across processes."""
     if setting is True or setting is False:
         return setting, "as configured"
     if not bf16:
@@ -65,7 +61,7 @@ def compile_choice(setting: str | bool, bf16: bool, device: str) -> tuple[bool, 
         return False, "not tested across processes"
     if shutil.which("g++") is None:
         return False, "no C++ compiler (g++) for torch.compile's CPU code"
-    return True, "bf16-mixed on the CPU, where it fuses the casts and elementwise passes: ~20 % off an update"
+    return True, "bf16-mixed on the CPU, where it fuses the casts and elementwise passes (docs/speed.md)"
 
 
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:

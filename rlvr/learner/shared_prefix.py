@@ -1,7 +1,7 @@
 """Logprobs of a batch of groups whose rows share a prompt, paying for each prompt once and for no
 padding.
 
-The G completions of a group share their prompt; the full-row path (`rlvr.logprobs.token_logprobs`)
+The G completions of a group share their prompt; the full-row path (`rlvr.modeling.logprobs.token_logprobs`)
 runs the prompt through the model G times, forward and backward, and pads every row to the longest.
 Here the micro-batch is packed: each group's prompt once, then its completions, laid end to end in
 rows ("lanes") of at most `PACK_TOKENS` tokens (or of the longest prompt + completion, if longer),
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from rlvr.logprobs import target_logprobs
+from rlvr.modeling.logprobs import target_logprobs
 
 # Model families (config.model_type) on which this path is tested equal to the full rows
 # (tests/test_families.py): sliding windows, q/k norms, soft-capping, scaled and fused layers among them.

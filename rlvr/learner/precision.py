@@ -5,8 +5,8 @@ Master weights and optimizer state are always float32. `learner.precision`:
 - `bf16-mixed`: the learner's forward and backward run under bf16 autocast (matmuls in bf16, the
   float32 master weights cast per op); logprobs and the loss are computed in float32 from the logits.
 - `auto`: bf16-mixed on CUDA and on CPUs whose flags show `avx512_bf16` or `amx_bf16` (a bf16
-  matmul there runs 3-5x faster than float32), fp32 elsewhere (without those units bf16 is emulated
-  and slower than float32).
+  matmul there runs several times faster than float32: docs/precision.md), fp32 elsewhere (without
+  those units bf16 is emulated and slower than float32).
 
 The default is auto. In bf16 the canary's tolerance cannot tell one missed sync from the honest
 engine/learner difference (see CANARY_TOL); its bit-for-bit check does (rlvr.rollout.engine.Canary).
