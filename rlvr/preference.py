@@ -28,7 +28,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import random
 import time
 from pathlib import Path
 
@@ -36,7 +35,7 @@ import torch
 
 from rlvr import distributed
 from rlvr.config import TrainConfig
-from rlvr.data import Task
+from rlvr.data import Task, seeded_draw
 from rlvr.data.files import DataError, read_located
 from rlvr.records import Demonstration, Prompt, Rollout
 from rlvr.sft import SftDataError, encode, from_row
@@ -109,9 +108,9 @@ _MESSAGES = _Keys("messages")
 
 
 class Pairs:
-    """A preference stage's pairs from a dataset, all checked and encoded at start (before the model
-    loads), shaped as a `Task` for the run's evaluation and checkpoints (the held-out prompts are the
-    task's): `next(n)` gives the next `n` pairs as token ids, [chosen, rejected] each."""
+    """A preference stage's pairs from a dataset (a `rlvr.data.StageSource`), all checked and encoded
+    at start (before the model loads): `next(n)` gives the next `n` pairs as token ids, (chosen,
+    rejected) each, in a seeded shuffled order, epoch after epoch."""
 
     def __init__(self, task: Task, cfg: TrainConfig, tokenizer, tools: ToolBox | None):
         d = cfg.dpo
@@ -137,27 +136,16 @@ class Pairs:
 
     def next(self, n: int) -> list[tuple[Rollout, Rollout]]:
         """The next `n` pairs (every process draws the same), in a seeded order per epoch."""
-        out = []
-        for _ in range(n):
-            epoch, k = divmod(self.position, len(self.encoded))
-            order = list(range(len(self.encoded)))
-            random.Random(f"{self.seed}-{epoch}").shuffle(order)
-            out.append(self.encoded[order[k]])
-            self.position += 1
-        return out
+        drawn = [self.encoded[k] for k in seeded_draw(len(self.encoded), self.seed, self.position, n)]
+        self.position += n
+        return drawn
 
-    # The Task protocol, for the run's evaluation and checkpoints: the held-out prompts are the task's.
+    # What the run asks of a stage's source (rlvr.data.StageSource): the task's prompts, and checkpoints.
     def sample(self, n: int) -> list[Prompt]:
         return self.task.sample(n)
 
     def eval_prompts(self) -> list[Prompt]:
         return self.task.eval_prompts()
-
-    def update(self, accuracy: float) -> None:
-        pass
-
-    def metrics(self) -> dict[str, float]:
-        return {}
 
     def state_dict(self) -> dict:
         return {"task": self.task.state_dict(), "position": self.position}

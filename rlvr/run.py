@@ -22,7 +22,7 @@ import torch
 
 from rlvr import checkpoint, distributed, models, rundir
 from rlvr.config import TrainConfig, check
-from rlvr.data import Task, build_task
+from rlvr.data import StageSource, Task, build_task
 from rlvr.host import keep_freed_memory
 from rlvr.learner.precision import Precision, pick_device
 from rlvr.learner.precision import resolve as resolve_precision
@@ -47,7 +47,7 @@ class Run:
     device: str
     precision: Precision
     model_path: Path  # the model the run starts from (and the KL reference)
-    task: Task
+    task: Task | StageSource  # what the stage draws from: the task, or a cold start's or a DPO stage's data
     rewards: Rewards
     tokenizer: object
     fit: PromptFit  # prompts checked against the engine's context

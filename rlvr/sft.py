@@ -22,13 +22,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import random
 import time
 from pathlib import Path
 
 from rlvr import distributed
 from rlvr.config import TrainConfig
-from rlvr.data import Task
+from rlvr.data import Task, seeded_draw
 from rlvr.data.files import DataError, read_located
 from rlvr.errors import RlvrError
 from rlvr.prompts import MAX_DRAWS, render
@@ -146,9 +145,9 @@ def encode(tokenizer, tools: ToolBox | None, demos: list[Demonstration], max_len
 
 
 class Demonstrations:
-    """A cold start's data, shaped as a `Task` (the run's evaluation, checkpoints and resume use it as
-    one): `next(n)` gives the next `n` demonstrations as token ids, from the task or from a dataset (in a
-    seeded shuffled order, epoch after epoch). Everything is checked here, before the model loads."""
+    """A cold start's data (a `rlvr.data.StageSource`): `next(n)` gives the next `n` demonstrations as
+    token ids, from the task or from a dataset (in a seeded shuffled order, epoch after epoch).
+    Everything is checked here, before the model loads."""
 
     def __init__(self, task: Task, cfg: TrainConfig, tokenizer, tools: ToolBox | None):
         s = cfg.sft
@@ -225,27 +224,16 @@ class Demonstrations:
                             "rollout.max_model_len=%d: dropped and drawn again (said once)", self.too_long,
                             self.max_len)
             return out
-        out = []
-        for _ in range(n):
-            epoch, k = divmod(self.position, len(self.encoded))
-            order = list(range(len(self.encoded)))
-            random.Random(f"{self.seed}-{epoch}").shuffle(order)
-            out.append(self.encoded[order[k]])
-            self.position += 1
-        return out
+        drawn = [self.encoded[k] for k in seeded_draw(len(self.encoded), self.seed, self.position, n)]
+        self.position += n
+        return drawn
 
-    # The Task protocol, for the run's evaluation and checkpoints: the held-out prompts are the task's.
+    # What the run asks of a stage's source (rlvr.data.StageSource): the task's prompts, and checkpoints.
     def sample(self, n: int) -> list[Prompt]:
         return self.task.sample(n)
 
     def eval_prompts(self) -> list[Prompt]:
         return self.task.eval_prompts()
-
-    def update(self, accuracy: float) -> None:
-        pass
-
-    def metrics(self) -> dict[str, float]:
-        return {}
 
     def state_dict(self) -> dict:
         return {"task": self.task.state_dict(), "position": self.position}

@@ -45,6 +45,38 @@ class Task(Protocol):
         ...
 
 
+class StageSource(Protocol):
+    """What a stage that draws its own data instead of the task's prompts (the cold start's
+    demonstrations, rlvr.sft; a dataset's preference pairs, rlvr.preference) answers for the run in the
+    task's place: the task's training prompts (checked at start against the context, for the stage
+    after it) and held-out prompts (the evaluation), and for checkpoints its own position with the
+    task's state. Its `next(n)` is the stage's own."""
+
+    def sample(self, n: int) -> list[Prompt]: ...
+
+    def eval_prompts(self) -> list[Prompt]: ...
+
+    def state_dict(self) -> dict: ...
+
+    def load_state_dict(self, state: dict) -> None: ...
+
+
+def seeded_draw(count: int, seed: int, position: int, n: int) -> list[int]:
+    """Indices of the next `n` of `count` items from `position` on, in a seeded shuffled order per
+    epoch, epoch after epoch (the same for every process and every resume).
+
+    >>> seeded_draw(3, 0, 0, 6)[:3] == seeded_draw(3, 0, 0, 3) and sorted(seeded_draw(3, 0, 3, 3))
+    [0, 1, 2]
+    """
+    out = []
+    for at in range(position, position + n):
+        epoch, k = divmod(at, count)
+        order = list(range(count))
+        random.Random(f"{seed}-{epoch}").shuffle(order)
+        out.append(order[k])
+    return out
+
+
 def is_held_out(key: str, fraction: float) -> bool:
     """Whether the item named `key` belongs to the evaluation split: a hash of the key, so the same
     for every run, seed and machine."""
