@@ -102,7 +102,7 @@ def from_row(row: dict, at: str, s) -> Demonstration:
 def encode(tokenizer, tools: ToolBox | None, demos: list[Demonstration], max_len: int,
            where: list[str] | None = None, fitting_only: bool = False) -> list[Rollout]:
     """Token ids of `demos`, as the rollouts would hold the same answers (module docstring); an error
-        names the demonstration (`where`: the file and line of each; default, the task's k-th). `max_len`:
+    names the demonstration (`where`: the file and line of each; default, the task's k-th). `max_len`:
     the context (rollout.max_model_len); `fitting_only`: one longer is left out instead of raising."""
     end = between_turns(tokenizer, tools, [])[:1]  # the token that ends the assistant's turn
     out = []
