@@ -12,10 +12,11 @@ import torch
 
 from rlvr.learner import Learner
 from rlvr.prompts import PromptFit
+from rlvr.recipe import train
 from rlvr.rewards import Rewards
 from rlvr.rollout.engine import WeightSyncError
 from rlvr.rollout.vllm_engine import VllmEngine
-from rlvr.train import collect_groups, shaped_scores, train
+from rlvr.train import collect_groups, shaped_scores
 
 from .conftest import cli_here, compose_config
 
