@@ -78,7 +78,8 @@ def _earlier_stage(cfg: TrainConfig, name: str, stage_dir: Path, recipe_dir: Pat
     model = stage_dir / "model"
     done = (stage_dir / "summary.json").is_file() and (model / "config.json").is_file()
     resume = None if cfg.trainer.resume is None else "auto"  # an explicit checkpoint is the last stage's
-    stage = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, resume=resume))
+    # (every stage before the last writes its model: the next one starts from it)
+    stage = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, resume=resume, save_model=True))
     if done and resume == "auto" and not cfg.trainer.overwrite:
         log.info("%s: done already, in %s; the next stage starts from %s", TITLES[name], stage_dir, model)
     else:
