@@ -26,7 +26,6 @@ Pairs come from
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import time
 from pathlib import Path
@@ -36,9 +35,8 @@ import torch
 from rlvr import distributed
 from rlvr.config import TrainConfig
 from rlvr.data import Task, seeded_draw
-from rlvr.data.files import DataError, read_located
 from rlvr.records import Demonstration, Prompt, Rollout
-from rlvr.sft import SftDataError, encode, from_row
+from rlvr.sft import SftDataError, encode, from_row, read_rows
 from rlvr.tools import ToolBox
 
 log = logging.getLogger("rlvr")
@@ -115,23 +113,10 @@ class Pairs:
     def __init__(self, task: Task, cfg: TrainConfig, tokenizer, tools: ToolBox | None):
         d = cfg.dpo
         self.task, self.seed, self.position = task, cfg.seed, 0
-        try:
-            rows = read_located(d.data, d.format)
-        except DataError as e:
-            raise PairDataError(f"dpo.data: {e}") from e
-        if not rows:
-            raise PairDataError(f"dpo.data={d.data!r}: the file has no rows")
-        where = [f"dpo.data={d.data!r}, {at}" for at, _ in rows]
-        pairs = [pair_from_row(row, at, d) for at, (_, row) in zip(where, rows, strict=True)]
-        held_out = {json.dumps(p.messages[-1]["content"]) for p in task.eval_prompts()}
-        kept = [k for k, (c, _) in enumerate(pairs) if json.dumps(c.prompt.messages[-1]["content"]) not in held_out]
-        if len(kept) < len(pairs):
-            log.warning("dpo.data: %d of %d rows ask one of the task's held-out prompts: dropped, so that the "
-                        "evaluation never sees a problem the stage was shown", len(pairs) - len(kept), len(pairs))
-        if not kept:
-            raise PairDataError(f"dpo.data={d.data!r}: every row asks a held-out prompt of the task")
+        pairs, where = read_rows("dpo.data", d.data, d.format, lambda row, at: pair_from_row(row, at, d),
+                                 lambda pair: pair[0].prompt, task, PairDataError, "the stage")
         max_len = cfg.rollout.max_model_len
-        self.encoded = [tuple(encode(tokenizer, tools, list(pairs[k]), max_len, [where[k]] * 2)) for k in kept]
+        self.encoded = [tuple(encode(tokenizer, tools, list(pair), max_len, [at] * 2)) for pair, at in zip(pairs, where, strict=True)]
         log.info("preference stage: %d pairs from %s", len(self.encoded), d.data)
 
     def next(self, n: int) -> list[tuple[Rollout, Rollout]]:

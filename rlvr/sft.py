@@ -144,6 +144,30 @@ def encode(tokenizer, tools: ToolBox | None, demos: list[Demonstration], max_len
     return out
 
 
+def read_rows(key: str, path: str, fmt: str, parse, prompt_of, task: Task, error: type[Exception],
+              shown: str) -> tuple[list, list[str]]:
+    """The items `parse(row, at)` of every row of the dataset at `path` (the config key `key`), with each
+    one's file and line, less those whose prompt (`prompt_of(item)`) is one of the task's held-out
+    prompts (dropped with a warning, so that the evaluation never sees a problem `shown` was shown).
+    Raises `error` naming the key for a file that cannot be read, is empty, or holds only held-out ones."""
+    try:
+        rows = read_located(path, fmt)
+    except DataError as e:
+        raise error(f"{key}: {e}") from e
+    if not rows:
+        raise error(f"{key}={path!r}: the file has no rows")
+    where = [f"{key}={path!r}, {at}" for at, _ in rows]
+    items = [parse(row, at) for at, (_, row) in zip(where, rows, strict=True)]
+    held_out = {json.dumps(p.messages[-1]["content"]) for p in task.eval_prompts()}
+    kept = [k for k, item in enumerate(items) if json.dumps(prompt_of(item).messages[-1]["content"]) not in held_out]
+    if len(kept) < len(items):
+        log.warning("%s: %d of %d rows ask one of the task's held-out prompts: dropped, so that the evaluation "
+                    "never sees a problem %s was shown", key, len(items) - len(kept), len(items), shown)
+    if not kept:
+        raise error(f"{key}={path!r}: every row asks a held-out prompt of the task")
+    return [items[k] for k in kept], [where[k] for k in kept]
+
+
 class Demonstrations:
     """A cold start's data (a `rlvr.data.StageSource`): `next(n)` gives the next `n` demonstrations as
     token ids, from the task or from a dataset (in a seeded shuffled order, epoch after epoch).
@@ -165,24 +189,9 @@ class Demonstrations:
             self._encode(task.demonstrations(s.batch_size), fitting_only=True)  # a sample, checked
             task.load_state_dict(state)
             return
-        try:
-            rows = read_located(s.data, s.format)
-        except DataError as e:
-            raise SftDataError(f"sft.data: {e}") from e
-        if not rows:
-            raise SftDataError(f"sft.data={s.data!r}: the file has no rows")
-        where = [f"sft.data={s.data!r}, {at}" for at, _ in rows]
-        demos = [from_row(row, at, s) for at, (_, row) in zip(where, rows, strict=True)]
-        held_out = {json.dumps(p.messages[-1]["content"]) for p in task.eval_prompts()}
-        kept = [k for k, d in enumerate(demos) if json.dumps(d.prompt.messages[-1]["content"]) not in held_out]
-        self.rows = [demos[k] for k in kept]
-        if len(self.rows) < len(demos):
-            log.warning("sft.data: %d of %d rows ask one of the task's held-out prompts: dropped, so that the "
-                        "evaluation never sees a problem the cold start was shown", len(demos) - len(self.rows),
-                        len(demos))
-        if not self.rows:
-            raise SftDataError(f"sft.data={s.data!r}: every row asks a held-out prompt of the task")
-        self.encoded = self._encode(self.rows, [where[k] for k in kept])
+        self.rows, where = read_rows("sft.data", s.data, s.format, lambda row, at: from_row(row, at, s),
+                                     lambda d: d.prompt, task, SftDataError, "the cold start")
+        self.encoded = self._encode(self.rows, where)
         log.info("cold start: %d demonstrations from %s, %d tokens in all", len(self.rows), s.data,
                  sum(len(r.prompt_ids) + len(r.completion_ids) for r in self.encoded))
 
