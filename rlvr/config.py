@@ -7,8 +7,9 @@ entry point, and each component takes its own group (the learner a `LearnerConfi
 comment); here every field is `MISSING`, so a key that a YAML file forgot fails when the config is
 composed. The schemas give each key its type and each choice its `Choice`, so a misspelt key, a
 wrong type or a choice that does not exist fails when Hydra composes the config (or earlier, on the
-command line: rlvr.keys), naming the key, before any model loads. `check(cfg)` then rejects values
-and combinations that make no sense.
+command line: rlvr.keys holds the command line and the composed config to these schemas' names),
+naming the key, before any model loads. Then each schema checks its own values (its `check`), and
+`TrainConfig.check` the combinations that span groups; every message names the key.
 
 The groups, by concern: `trainer` (the loop: steps, evaluation, samples, checkpoints), `learner`
 (how the policy computes: precision, compile, micro-batches, shared prefix), `launch` (where it runs:
@@ -59,6 +60,7 @@ KLEstimator = _choice("KLEstimator", "k1", "k2", "k3")
 Overlong = _choice("Overlong", "none", "mask", "soft")
 Combine = _choice("Combine", "sum_then_normalise", "normalise_then_sum")
 WandbMode = _choice("WandbMode", "online", "offline", "disabled")
+PreferenceLoss = _choice("PreferenceLoss", "dpo", "simpo")
 
 
 @dataclass
@@ -67,6 +69,12 @@ class LoraConfig:
     alpha: float = MISSING
     dropout: float = MISSING
     target_modules: list[str] = MISSING
+
+    def check(self) -> None:
+        need(self.r >= 0, "model.lora.r", "must be >= 0 (0: no adapters, every weight trains)")
+        need(0 <= self.dropout < 1, "model.lora.dropout", "must be in [0, 1)")
+        need(self.r == 0 or len(self.target_modules) > 0, "model.lora.target_modules",
+             "must name at least one layer when model.lora.r > 0")
 
 
 @dataclass
@@ -83,6 +91,11 @@ class DataConfig:
     eval_size: int = MISSING
     system_prompt: str | None = MISSING
 
+    def check(self) -> None:
+        need(self.batch_size >= 1, "data.batch_size", f"must be >= 1 (the prompts per step), got {self.batch_size}")
+        need(self.eval_size >= 1, "data.eval_size",
+             "must be >= 1 (the evaluation and the weight-sync canary use these prompts)")
+
 
 @dataclass
 class OpenDataConfig:
@@ -92,6 +105,17 @@ class OpenDataConfig:
     _target_: str = MISSING
     batch_size: int = MISSING
     options: dict[str, Any] = field(default_factory=dict)
+
+    @staticmethod
+    def parse(data: dict[str, Any]) -> OpenDataConfig:
+        """`data` as the YAML gave it: its class and prompts per step, and the task's own keys."""
+        for key in ("_target_", "batch_size"):
+            need(key in data, f"data.{key}", "must be set (every task names its class and the prompts per step)")
+        return OpenDataConfig(data["_target_"], data["batch_size"],
+                              {k: v for k, v in data.items() if k not in ("_target_", "batch_size")})
+
+    def check(self) -> None:  # (the task's constructor checks its own keys)
+        need(self.batch_size >= 1, "data.batch_size", f"must be >= 1 (the prompts per step), got {self.batch_size}")
 
 
 @dataclass
@@ -142,6 +166,20 @@ class RewardTerm:
     weight: float = 1.0
     kwargs: dict[str, Any] = field(default_factory=dict)
 
+    @staticmethod
+    def parse(name: str, term: Any) -> RewardTerm:
+        """The term `name` of `reward.terms` from its mapping, its types checked (the schema leaves terms
+        untyped)."""
+        key = f"reward.terms.{name}"
+        need(isinstance(term, dict) and isinstance(term.get("_target_"), str), f"{key}._target_",
+             "is missing: each term names its reward function by dotted path")
+        weight = term.get("weight", RewardTerm.weight)
+        need(isinstance(weight, int | float) and not isinstance(weight, bool), f"{key}.weight",
+             f"must be a number, got {weight!r}")
+        kwargs = term.get("kwargs") or {}
+        need(isinstance(kwargs, dict), f"{key}.kwargs", "must be a mapping of the function's keyword arguments")
+        return RewardTerm(term["_target_"], float(weight), kwargs)
+
 
 @dataclass
 class RewardConfig:
@@ -155,12 +193,26 @@ class RewardConfig:
     workers: int = MISSING
     combine: Combine = MISSING
 
+    def check(self) -> None:
+        need(self.correct_term in self.terms, "reward.correct_term",
+             f"names the term that defines accuracy; {self.correct_term!r} is not one of {list(self.terms)}")
+        need(self.timeout_s is None or self.timeout_s >= 0, "reward.timeout_s", "must be >= 0 (0 or null: none)")
+        need(self.workers >= 0, "reward.workers", "must be >= 0 (0: score in this process)")
+
 
 @dataclass
 class KLConfig:
     coef: float = MISSING
     reward_coef: float = MISSING
     estimator: KLEstimator = MISSING
+
+    def check(self) -> None:
+        need(self.coef >= 0 and self.reward_coef >= 0, "algorithm.kl", "coefficients must be >= 0")
+        need(not (self.coef > 0 and self.estimator == "k1"), "algorithm.kl.estimator",
+             "k1 in the loss (algorithm.kl.coef > 0) has zero expected gradient: it pulls nothing towards the "
+             "reference. Use k3 (or k2) in the loss, or k1 in the reward (algorithm.kl.reward_coef)")
+        need(not (self.coef > 0 and self.reward_coef > 0), "algorithm.kl",
+             "KL in both the loss (kl.coef) and the reward (kl.reward_coef) penalises it twice; choose one")
 
 
 @dataclass
@@ -193,6 +245,24 @@ class AlgorithmConfig:
     mini_batches: int = MISSING
     tis_cap: float | None = MISSING
 
+    def check(self) -> None:
+        need(self.group_size >= 2, "algorithm.group_size",
+             f"must be >= 2 for group-relative advantages, got {self.group_size}")
+        self.kl.check()
+        need(0 <= self.clip_eps_low < 1, "algorithm.clip_eps_low", "must be in [0, 1)")
+        need(self.clip_eps_high >= 0, "algorithm.clip_eps_high", "must be >= 0")
+        need(self.dual_clip is None or self.dual_clip > 1, "algorithm.dual_clip", "must be > 1 (or null for none)")
+        need(self.ratio == "token" or self.loss_agg == "seq_mean_token_mean", "algorithm.loss_agg",
+             "a sequence-level ratio (GSPO) gives one loss per sequence; aggregate with seq_mean_token_mean, "
+             f"not {self.loss_agg}")
+        need(self.name != "dr_grpo" or (self.advantage == "dr_grpo" and self.loss_agg != "seq_mean_token_mean"),
+             "algorithm.advantage",
+             "Dr. GRPO removes the std normalisation and the per-sequence length normalisation: use "
+             "advantage=dr_grpo and loss_agg=token_sum_norm (or pick another algorithm preset)")
+        need(self.dynamic_sampling.max_rounds >= 0, "algorithm.dynamic_sampling.max_rounds", "must be >= 0")
+        need(self.ppo_epochs >= 1, "algorithm.ppo_epochs", "must be >= 1")
+        need(self.tis_cap is None or self.tis_cap >= 1, "algorithm.tis_cap", "must be >= 1 (or null for no correction)")
+
 
 @dataclass
 class RolloutConfig:
@@ -210,6 +280,23 @@ class RolloutConfig:
     tool_timeout_s: float | None = MISSING
     tool_output_chars: int = MISSING
 
+    def check(self, training: bool) -> None:
+        need(self.temperature > 0, "rollout.temperature", "must be > 0 (the learner divides logits by it)")
+        need(0 < self.top_p <= 1, "rollout.top_p", "must be in (0, 1]")
+        need(self.max_tokens >= 1, "rollout.max_tokens", "must be >= 1")
+        need(self.max_model_len > self.max_tokens, "rollout.max_model_len",
+             f"must be larger than rollout.max_tokens={self.max_tokens} (it holds the prompt and the completion)")
+        need(self.canary_tol is None or self.canary_tol > 0, "rollout.canary_tol", "must be > 0 (or null: per precision)")
+        if training:
+            need(self.top_p == 1.0, "rollout.top_p",
+                 f"must be 1.0 in training, got {self.top_p}: vLLM reports logprobs renormalised over the nucleus "
+                 "while the learner scores the full softmax, so every ratio would be biased (rlvr eval may use "
+                 "top_p < 1)")
+        need(self.max_turns >= 1, "rollout.max_turns", "must be >= 1 (model turns per rollout when tools are configured)")
+        need(self.max_total_tokens is None or self.max_total_tokens >= self.max_tokens, "rollout.max_total_tokens",
+             f"must be >= rollout.max_tokens={self.max_tokens} (or null: up to rollout.max_model_len)")
+        need(self.tool_output_chars >= 1, "rollout.tool_output_chars", "must be >= 1")
+
 
 @dataclass
 class OptimConfig:
@@ -218,6 +305,10 @@ class OptimConfig:
     betas: list[float] = MISSING
     max_grad_norm: float = MISSING
     warmup_steps: int = MISSING
+
+    def check(self) -> None:
+        need(self.lr > 0, "optim.lr", "must be > 0")
+        need(len(self.betas) == 2, "optim.betas", "must hold two numbers")
 
 
 @dataclass
@@ -237,6 +328,13 @@ class SftConfig:
     eval_every: int = MISSING
     save_every: int = MISSING
 
+    def check(self) -> None:
+        need(self.steps >= 0, "sft.steps", f"must be >= 0 (0: no cold start), got {self.steps}")
+        need(self.batch_size >= 1, "sft.batch_size", f"must be >= 1 (demonstrations per step), got {self.batch_size}")
+        need(self.lr > 0, "sft.lr", "must be > 0")
+        need(self.warmup_steps >= 0 and self.eval_every >= 0 and self.save_every >= 0, "sft.warmup_steps",
+             "warmup_steps, eval_every and save_every must be >= 0")
+
 
 @dataclass
 class DpoConfig:
@@ -248,7 +346,7 @@ class DpoConfig:
     prompt_key: str = MISSING
     chosen_key: str = MISSING
     rejected_key: str = MISSING
-    loss: str = MISSING
+    loss: PreferenceLoss = MISSING
     beta: float = MISSING
     simpo_gamma: float = MISSING
     batch_size: int = MISSING
@@ -257,6 +355,15 @@ class DpoConfig:
     warmup_steps: int = MISSING
     eval_every: int = MISSING
     save_every: int = MISSING
+
+    def check(self) -> None:
+        need(self.steps >= 0, "dpo.steps", f"must be >= 0, got {self.steps}")
+        need(self.beta > 0, "dpo.beta", f"must be > 0, got {self.beta}")
+        need(self.batch_size >= 1, "dpo.batch_size", f"must be >= 1 (pairs per step from a dataset), got {self.batch_size}")
+        need(self.pairs_per_group >= 1, "dpo.pairs_per_group", f"must be >= 1, got {self.pairs_per_group}")
+        need(self.lr > 0, "dpo.lr", "must be > 0")
+        need(self.warmup_steps >= 0 and self.eval_every >= 0 and self.save_every >= 0, "dpo.warmup_steps",
+             "warmup_steps, eval_every and save_every must be >= 0")
 
 
 @dataclass
@@ -274,6 +381,12 @@ class TrainerConfig:
     overwrite: bool = MISSING
     max_bad_steps: int = MISSING
 
+    def check(self) -> None:
+        need(self.max_steps >= 1, "trainer.max_steps",
+             f"must be >= 1, got {self.max_steps} (to evaluate a model without training, use rlvr eval)")
+        need(self.save_every >= 0 and self.keep_last >= 0, "trainer.save_every", "save_every and keep_last must be >= 0")
+        need(self.max_bad_steps >= 1, "trainer.max_bad_steps", "must be >= 1")
+
 
 @dataclass
 class LearnerConfig:
@@ -283,6 +396,13 @@ class LearnerConfig:
     compile: Any = MISSING  # auto | true | false
     micro_batch_size: int = MISSING
     shared_prefix: Any = MISSING  # auto | true | false
+
+    def check(self) -> None:
+        need(self.micro_batch_size >= 1, "learner.micro_batch_size", "must be >= 1")
+        need(self.shared_prefix in ("auto", True, False), "learner.shared_prefix",
+             f"must be auto, true or false, got {self.shared_prefix!r}")
+        need(self.compile in ("auto", True, False), "learner.compile",
+             f"must be auto, true or false, got {self.compile!r}")
 
 
 @dataclass
@@ -297,11 +417,28 @@ class LaunchConfig:
     rdzv_endpoint: str | None = MISSING
     dist_timeout_s: float = MISSING
 
+    def check(self) -> None:
+        need(self.nproc_per_node >= 1 and self.nnodes >= 1, "launch.nproc_per_node",
+             f"nproc_per_node and nnodes must be >= 1, got {self.nproc_per_node} and {self.nnodes}")
+        need(0 <= self.node_rank < self.nnodes, "launch.node_rank",
+             f"must be in [0, launch.nnodes={self.nnodes}), got {self.node_rank}")
+        need(self.nnodes == 1 or bool(self.rdzv_endpoint), "launch.rdzv_endpoint",
+             "must be set (host:port of node 0, reachable from every node) when launch.nnodes > 1")
+        need(self.dist_timeout_s > 0, "launch.dist_timeout_s", "must be > 0")
+
+    def processes(self) -> int:
+        """The processes of the run: the launch's, or the launcher's (WORLD_SIZE) when one started this one."""
+        return max(self.nproc_per_node * self.nnodes, int(os.environ.get("WORLD_SIZE", "1")))
+
 
 @dataclass
 class EvalConfig:
     n_samples: int = MISSING
     ks: list[int] = MISSING
+
+    def check(self) -> None:
+        need(self.n_samples >= 0, "eval.n_samples", "must be >= 0 (0: greedy only)")
+        need(all(k >= 1 for k in self.ks), "eval.ks", "pass@k needs every k >= 1")
 
 
 @dataclass
@@ -334,6 +471,40 @@ class TrainConfig:
     seed: int = MISSING
     cache_dir: str = MISSING
 
+    def check(self, training: bool = True) -> None:
+        """Reject values and combinations that compose but cannot work, naming the key: each group checks
+        its own keys, then what spans groups. `training`: also what only training cannot do (`rlvr eval`
+        may sample with top-p, or serve a bf16 model)."""
+        for group in (self.model.lora, self.data, self.reward, self.algorithm, self.optim, self.trainer,
+                      self.learner, self.launch, self.eval, self.sft, self.dpo):
+            group.check()
+        self.rollout.check(training)
+        a, r = self.algorithm, self.rollout
+        need(a.overlong.mode != "soft" or 0 < a.overlong.buffer < r.max_tokens, "algorithm.overlong.buffer",
+             f"must be in (0, rollout.max_tokens={r.max_tokens}) for the soft punishment")
+        need(1 <= a.mini_batches <= self.data.batch_size * a.group_size, "algorithm.mini_batches",
+             "must be between 1 and the sequences per step (data.batch_size * algorithm.group_size)")
+        if self.launch.processes() > 1:
+            need(self.model.lora.r == 0, "model.lora.r", "LoRA is not supported across processes yet: use one "
+                 "process (launch.nproc_per_node=1) or model.lora.r=0")
+            need(r.backend == "vllm", "rollout.backend", "only the vllm backend runs across processes")
+        need(len(self.recipe) >= 1 and all(stage in STAGES for stage in self.recipe), "recipe",
+             f"must list stages, each one of {', '.join(STAGES)}, got {list(self.recipe)}")
+        need(len(set(self.recipe)) == len(self.recipe), "recipe", f"names a stage twice: {list(self.recipe)}")
+
+    def check_recipe(self) -> None:
+        """For `rlvr train`: a stage the recipe lists needs steps, and steps asked of a stage it does not
+        list are refused (`rlvr train sft.steps=100` once meant a cold start before RL: it names `recipe`)."""
+        for name, n in (("sft", self.sft.steps), ("dpo", self.dpo.steps)):
+            listed, show = name in self.recipe, lambda recipe: "[" + ",".join(recipe) + "]"
+            need(not listed or n >= 1, f"{name}.steps",
+                 f"recipe={show(self.recipe)} runs the {STAGES[name]}, which needs {name}.steps >= 1, got {n} "
+                 f"(to leave it out: recipe={show([s for s in self.recipe if s != name])})")
+            with_it = [name, *self.recipe] if name == "sft" else [*self.recipe[:-1], name, self.recipe[-1]]
+            if not listed and n > 0:
+                raise ConfigError(f"{name}.steps={n} asks for a {STAGES[name]}, but recipe={show(self.recipe)} does "
+                                  f"not list it: add it (e.g. recipe={show(with_it)}) or set {name}.steps=0")
+
 
 # Keys that moved when `trainer` was split by concern: the old name -> the new one.
 RENAMED = {
@@ -353,31 +524,14 @@ def typed(cfg: DictConfig) -> TrainConfig:
         raise ConfigError(f"{key or 'the config'}: {getattr(e, 'msg', e)}") from e
     out.reward.terms = reward_terms(out.reward.terms)
     if isinstance(out.data, dict):
-        for key in ("_target_", "batch_size"):
-            if key not in out.data:
-                raise ConfigError(f"data.{key}: must be set (every task names its class and the prompts per step)")
-        out.data = OpenDataConfig(out.data["_target_"], out.data["batch_size"],
-                                  {k: v for k, v in out.data.items() if k not in ("_target_", "batch_size")})
+        out.data = OpenDataConfig.parse(out.data)
     return out
 
 
 def reward_terms(terms: dict[str, Any]) -> dict[str, RewardTerm]:
     """`reward.terms` as RewardTerms (each a mapping of _target_, weight, kwargs; or a RewardTerm)."""
-    return {name: term if isinstance(term, RewardTerm) else _term(name, term) for name, term in terms.items()}
-
-
-def _term(name: str, term: Any) -> RewardTerm:
-    """A term of `reward.terms` as a RewardTerm, its types checked (the schema leaves terms untyped)."""
-    key = f"reward.terms.{name}"
-    if not isinstance(term, dict) or not isinstance(term.get("_target_"), str):
-        raise ConfigError(f"{key}._target_: is missing: each term names its reward function by dotted path")
-    weight = term.get("weight", RewardTerm.weight)
-    if not isinstance(weight, int | float) or isinstance(weight, bool):
-        raise ConfigError(f"{key}.weight: must be a number, got {weight!r}")
-    kwargs = term.get("kwargs") or {}
-    if not isinstance(kwargs, dict):
-        raise ConfigError(f"{key}.kwargs: must be a mapping of the function's keyword arguments")
-    return RewardTerm(term["_target_"], float(weight), kwargs)
+    return {name: term if isinstance(term, RewardTerm) else RewardTerm.parse(name, term)
+            for name, term in terms.items()}
 
 
 def task_options(data: DataConfig | OpenDataConfig) -> dict[str, Any]:
@@ -418,108 +572,18 @@ class ConfigError(RlvrError, ValueError):
 
 
 def check(cfg: TrainConfig, training: bool = True) -> None:
-    """Reject values and combinations that compose but cannot work, naming the key. `training`: also
-    what only training cannot do (`rlvr eval` may sample with top-p, or serve a bf16 model)."""
-
-    def need(ok: bool, key: str, why: str) -> None:
-        if not ok:
-            raise ConfigError(f"{key}: {why}")
-
-    a, r, d = cfg.algorithm, cfg.rollout, cfg.data
-    need(d.batch_size >= 1, "data.batch_size", f"must be >= 1 (the prompts per step), got {d.batch_size}")
-    need(a.group_size >= 2, "algorithm.group_size", f"must be >= 2 for group-relative advantages, got {a.group_size}")
-    need(a.kl.coef >= 0 and a.kl.reward_coef >= 0, "algorithm.kl", "coefficients must be >= 0")
-    need(not (a.kl.coef > 0 and a.kl.estimator == "k1"), "algorithm.kl.estimator",
-         "k1 in the loss (algorithm.kl.coef > 0) has zero expected gradient: it pulls nothing towards the "
-         "reference. Use k3 (or k2) in the loss, or k1 in the reward (algorithm.kl.reward_coef)")
-    need(not (a.kl.coef > 0 and a.kl.reward_coef > 0), "algorithm.kl",
-         "KL in both the loss (kl.coef) and the reward (kl.reward_coef) penalises it twice; choose one")
-    need(0 <= a.clip_eps_low < 1, "algorithm.clip_eps_low", "must be in [0, 1)")
-    need(a.clip_eps_high >= 0, "algorithm.clip_eps_high", "must be >= 0")
-    need(a.dual_clip is None or a.dual_clip > 1, "algorithm.dual_clip", "must be > 1 (or null for none)")
-    need(a.ratio == "token" or a.loss_agg == "seq_mean_token_mean", "algorithm.loss_agg",
-         "a sequence-level ratio (GSPO) gives one loss per sequence; aggregate with seq_mean_token_mean, "
-         f"not {a.loss_agg}")
-    need(a.name != "dr_grpo" or (a.advantage == "dr_grpo" and a.loss_agg != "seq_mean_token_mean"),
-         "algorithm.advantage",
-         "Dr. GRPO removes the std normalisation and the per-sequence length normalisation: use "
-         "advantage=dr_grpo and loss_agg=token_sum_norm (or pick another algorithm preset)")
-    need(a.overlong.mode != "soft" or 0 < a.overlong.buffer < r.max_tokens, "algorithm.overlong.buffer",
-         f"must be in (0, rollout.max_tokens={r.max_tokens}) for the soft punishment")
-    need(a.dynamic_sampling.max_rounds >= 0, "algorithm.dynamic_sampling.max_rounds", "must be >= 0")
-    need(a.ppo_epochs >= 1, "algorithm.ppo_epochs", "must be >= 1")
-    need(1 <= a.mini_batches <= d.batch_size * a.group_size, "algorithm.mini_batches",
-         "must be between 1 and the sequences per step (data.batch_size * algorithm.group_size)")
-    need(a.tis_cap is None or a.tis_cap >= 1, "algorithm.tis_cap", "must be >= 1 (or null for no correction)")
-    need(isinstance(d, OpenDataConfig) or d.eval_size >= 1, "data.eval_size", "must be >= 1 (the evaluation and the weight-sync canary use these prompts)")
-    need(r.temperature > 0, "rollout.temperature", "must be > 0 (the learner divides logits by it)")
-    need(0 < r.top_p <= 1, "rollout.top_p", "must be in (0, 1]")
-    need(r.max_tokens >= 1, "rollout.max_tokens", "must be >= 1")
-    need(r.max_model_len > r.max_tokens, "rollout.max_model_len",
-         f"must be larger than rollout.max_tokens={r.max_tokens} (it holds the prompt and the completion)")
-    need(cfg.trainer.max_steps >= 1, "trainer.max_steps",
-         f"must be >= 1, got {cfg.trainer.max_steps} (to evaluate a model without training, use rlvr eval)")
-    need(cfg.trainer.save_every >= 0 and cfg.trainer.keep_last >= 0, "trainer.save_every",
-         "save_every and keep_last must be >= 0")
-    need(cfg.trainer.max_bad_steps >= 1, "trainer.max_bad_steps", "must be >= 1")
-    need(cfg.learner.micro_batch_size >= 1, "learner.micro_batch_size", "must be >= 1")
-    need(cfg.learner.shared_prefix in ("auto", True, False), "learner.shared_prefix",
-         f"must be auto, true or false, got {cfg.learner.shared_prefix!r}")
-    need(cfg.learner.compile in ("auto", True, False), "learner.compile",
-         f"must be auto, true or false, got {cfg.learner.compile!r}")
-    need(r.canary_tol is None or r.canary_tol > 0, "rollout.canary_tol", "must be > 0 (or null: per precision)")
-    if training:
-        need(r.top_p == 1.0, "rollout.top_p",
-             f"must be 1.0 in training, got {r.top_p}: vLLM reports logprobs renormalised over the nucleus while "
-             "the learner scores the full softmax, so every ratio would be biased (rlvr eval may use top_p < 1)")
-    need(r.max_turns >= 1, "rollout.max_turns", "must be >= 1 (model turns per rollout when tools are configured)")
-    need(r.max_total_tokens is None or r.max_total_tokens >= r.max_tokens, "rollout.max_total_tokens",
-         f"must be >= rollout.max_tokens={r.max_tokens} (or null: up to rollout.max_model_len)")
-    need(r.tool_output_chars >= 1, "rollout.tool_output_chars", "must be >= 1")
-    need(cfg.optim.lr > 0, "optim.lr", "must be > 0")
-    need(cfg.model.lora.r >= 0, "model.lora.r", "must be >= 0 (0: no adapters, every weight trains)")
-    need(0 <= cfg.model.lora.dropout < 1, "model.lora.dropout", "must be in [0, 1)")
-    need(cfg.model.lora.r == 0 or len(cfg.model.lora.target_modules) > 0, "model.lora.target_modules",
-         "must name at least one layer when model.lora.r > 0")
-    need(len(cfg.optim.betas) == 2, "optim.betas", "must hold two numbers")
-    t = cfg.launch
-    need(t.nproc_per_node >= 1 and t.nnodes >= 1, "launch.nproc_per_node",
-         f"nproc_per_node and nnodes must be >= 1, got {t.nproc_per_node} and {t.nnodes}")
-    need(0 <= t.node_rank < t.nnodes, "launch.node_rank", f"must be in [0, launch.nnodes={t.nnodes}), got {t.node_rank}")
-    need(t.nnodes == 1 or t.rdzv_endpoint, "launch.rdzv_endpoint",
-         "must be set (host:port of node 0, reachable from every node) when launch.nnodes > 1")
-    need(t.dist_timeout_s > 0, "launch.dist_timeout_s", "must be > 0")
-    if t.nproc_per_node * t.nnodes > 1 or int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        need(cfg.model.lora.r == 0, "model.lora.r", "LoRA is not supported across processes yet: use one process "
-             "(launch.nproc_per_node=1) or model.lora.r=0")
-        need(r.backend == "vllm", "rollout.backend", "only the vllm backend runs across processes")
-    need(cfg.reward.correct_term in cfg.reward.terms, "reward.correct_term",
-         f"names the term that defines accuracy; {cfg.reward.correct_term!r} is not one of {list(cfg.reward.terms)}")
-    need(cfg.reward.timeout_s is None or cfg.reward.timeout_s >= 0, "reward.timeout_s", "must be >= 0 (0 or null: none)")
-    need(cfg.reward.workers >= 0, "reward.workers", "must be >= 0 (0: score in this process)")
-    need(cfg.eval.n_samples >= 0, "eval.n_samples", "must be >= 0 (0: greedy only)")
-    need(all(k >= 1 for k in cfg.eval.ks), "eval.ks", "pass@k needs every k >= 1")
-    s = cfg.sft
-    need(s.steps >= 0, "sft.steps", f"must be >= 0 (0: no cold start), got {s.steps}")
-    need(s.batch_size >= 1, "sft.batch_size", f"must be >= 1 (demonstrations per step), got {s.batch_size}")
-    need(s.lr > 0, "sft.lr", "must be > 0")
-    need(s.warmup_steps >= 0 and s.eval_every >= 0 and s.save_every >= 0, "sft.warmup_steps",
-         "warmup_steps, eval_every and save_every must be >= 0")
-    p = cfg.dpo
-    need(p.steps >= 0, "dpo.steps", f"must be >= 0, got {p.steps}")
-    need(p.loss in ("dpo", "simpo"), "dpo.loss", f"must be dpo or simpo, got {p.loss!r}")
-    need(p.beta > 0, "dpo.beta", f"must be > 0, got {p.beta}")
-    need(p.batch_size >= 1, "dpo.batch_size", f"must be >= 1 (pairs per step from a dataset), got {p.batch_size}")
-    need(p.pairs_per_group >= 1, "dpo.pairs_per_group", f"must be >= 1, got {p.pairs_per_group}")
-    need(p.lr > 0, "dpo.lr", "must be > 0")
-    need(p.warmup_steps >= 0 and p.eval_every >= 0 and p.save_every >= 0, "dpo.warmup_steps",
-         "warmup_steps, eval_every and save_every must be >= 0")
-    need(len(cfg.recipe) >= 1 and all(stage in STAGE_NAMES for stage in cfg.recipe), "recipe",
-         f"must list stages, each one of {', '.join(STAGE_NAMES)}, got {list(cfg.recipe)}")
-    need(len(set(cfg.recipe)) == len(cfg.recipe), "recipe", f"names a stage twice: {list(cfg.recipe)}")
+    """`cfg.check(training)`: every value and combination that composes but cannot work, refused naming
+    the key (TrainConfig.check)."""
+    cfg.check(training)
 
 
-STAGE_NAMES = ("sft", "dpo", "rl")  # the stages a recipe may list (rlvr.recipe)
+def need(ok: bool, key: str, why: str) -> None:
+    """The check of one key: a ConfigError naming it, saying `why`, unless `ok`."""
+    if not ok:
+        raise ConfigError(f"{key}: {why}")
+
+
+STAGES = {"sft": "cold start", "dpo": "preference stage", "rl": "RL"}  # the stages a recipe may list (rlvr.recipe)
 
 
 def short_warmup(steps: int, warmup: int, steps_key: str, warmup_key: str) -> str | None:

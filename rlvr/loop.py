@@ -15,6 +15,7 @@ from rlvr import checkpoint, distributed, models
 from rlvr.errors import RlvrError
 from rlvr.evaluate import greedy
 from rlvr.metrics import StepMetrics, sample_record
+from rlvr.monitor import DegenerationMonitor
 from rlvr.plot import plot
 from rlvr.run import Run
 from rlvr.rundir import GracefulStop
@@ -26,10 +27,10 @@ class TrainingError(RlvrError, RuntimeError):
     """The run cannot go on (e.g. updates keep failing); the message says what is left on disk."""
 
 
-def run_steps(run: Run, run_dir: Path, step: Callable[[int, Watch], dict[str, float]], t_start: float,
+def run_steps(run: Run, run_dir: Path, step: Callable[[Run, int, Watch], dict[str, float]], t_start: float,
               what: str = "RL", recipe_dir: Path | None = None) -> dict[str, float]:
-    """The loop around a stage's `step` (RL's, or the cold start's, rlvr.sft), which runs step k, logs
-    its record, has the `Watch` check it, and returns the record. First the proof that the engine serves
+    """The loop around a stage's `step` (rlvr.train.rl_step, rlvr.sft.sft_step, rlvr.preference.dpo_step),
+    which runs step k of `run`, logs its record, has the `Watch` check it, and returns the record. First the proof that the engine serves
     the learner's weights and the first evaluation (or a resumed run's state); then the steps from `run.start + 1` to `trainer.max_steps`,
     with evaluations and checkpoints as `trainer.*` says and a clean stop on SIGINT/SIGTERM; then the
     final evaluation, summary.json, curves.png and the model. Closes the run. `recipe_dir`: the run dir of
@@ -55,7 +56,7 @@ def run_steps(run: Run, run_dir: Path, step: Callable[[int, Watch], dict[str, fl
                         if run.resume or recipe_dir else "")
             raise SystemExit(128 + stop.signal)
         for k in range(run.start + 1, t.max_steps + 1):
-            record = step(k, watch)
+            record = step(run, k, watch)
             if evaluation_follows(t, k) and k < t.max_steps:  # (the last step's: the final evaluation below)
                 logger.log(k, evaluate(run))
             saved = None
@@ -116,13 +117,15 @@ def evaluate(run: Run) -> dict[str, float]:
 
 
 class Watch:
-    """What the loop checks and keeps after each step: the warnings a user should see, the samples
-    it writes, the run of skipped updates that ends a run, and the checkpoints."""
+    """What the loop checks and keeps after each step: the warnings a user should see (and the signs of
+    a degenerate policy, `monitor`), the samples it writes, the run of skipped updates that ends a run,
+    and the checkpoints."""
 
     def __init__(self, run: Run, run_dir: Path, recipe_dir: Path | None = None):
         self.run, self.run_dir, self.recipe_dir = run, run_dir, recipe_dir
         self.bad_steps = 0
         self.canary_warned = False
+        self.monitor = DegenerationMonitor([t for t in run.rewards.weights if t != run.cfg.reward.correct_term])
         # what each checkpoint says of the run that wrote it (rlvr.rundir.refuse_other_stage reads it)
         self.written_by = {"stage": run.stage, "run_dir": str(recipe_dir or run_dir),
                            "command": "sft" if run.stage == "sft" and recipe_dir is None else "train"}

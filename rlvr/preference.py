@@ -218,5 +218,4 @@ def run_dpo(cfg: TrainConfig, run_dir: Path, recipe_dir: Path | None = None) -> 
     t_start = time.perf_counter()
     wrap = None if cfg.dpo.data == "on_policy" else (lambda task, tokenizer, tools: Pairs(task, cfg, tokenizer, tools))
     run = build(stage_config(cfg), run_dir, stage="dpo", wrap_task=wrap)
-    return run_steps(run, run_dir, lambda step, watch: dpo_step(run, step, watch), t_start, "preference stage",
-                     recipe_dir)
+    return run_steps(run, run_dir, dpo_step, t_start, "preference stage", recipe_dir)

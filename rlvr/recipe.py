@@ -16,12 +16,10 @@ import dataclasses
 import logging
 from pathlib import Path
 
-from rlvr.config import ConfigError, TrainConfig, check
+from rlvr.config import STAGES, TrainConfig
 from rlvr.rundir import refuse_other_stage
 
 log = logging.getLogger("rlvr")
-
-TITLES = {"sft": "cold start", "dpo": "preference stage", "rl": "RL"}
 
 
 def stage_runner(name: str):
@@ -39,31 +37,11 @@ def stage_runner(name: str):
     return run_rl
 
 
-def check_recipe(cfg: TrainConfig) -> None:
-    """A stage the recipe lists needs steps, and steps asked of a stage it does not list are refused
-    (`rlvr train sft.steps=100` once meant a cold start before RL: it names `recipe` now)."""
-    steps = {"sft": cfg.sft.steps, "dpo": cfg.dpo.steps}
-    for name, n in steps.items():
-        listed = name in cfg.recipe
-        if listed and n < 1:
-            raise ConfigError(f"{name}.steps: recipe={_show(cfg.recipe)} runs the {TITLES[name]}, which needs "
-                              f"{name}.steps >= 1, got {n} (to leave it out: recipe="
-                              f"{_show([s for s in cfg.recipe if s != name])})")
-        if not listed and n > 0:
-            with_it = _show([name, *cfg.recipe] if name == "sft" else [*cfg.recipe[:-1], name, cfg.recipe[-1]])
-            raise ConfigError(f"{name}.steps={n} asks for a {TITLES[name]}, but recipe={_show(cfg.recipe)} does "
-                              f"not list it: add it (e.g. recipe={with_it}) or set {name}.steps=0")
-
-
-def _show(recipe) -> str:
-    return "[" + ",".join(recipe) + "]"
-
-
 def train(cfg: TrainConfig, run_dir: Path) -> dict[str, float]:
     """`rlvr train`: the recipe's stages in order into `run_dir` (module docstring); the last stage's
     record. Across processes every rank runs this whole function; rank 0 alone writes."""
-    check(cfg)
-    check_recipe(cfg)
+    cfg.check()
+    cfg.check_recipe()
     *before, last = cfg.recipe
     if before and cfg.trainer.resume not in (None, "auto"):  # the last stage's checkpoint: refused now if not
         refuse_other_stage(Path(cfg.trainer.resume).expanduser(), last)
@@ -81,9 +59,9 @@ def _earlier_stage(cfg: TrainConfig, name: str, stage_dir: Path, recipe_dir: Pat
     # (every stage before the last writes its model: the next one starts from it)
     stage = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, resume=resume, save_model=True))
     if done and resume == "auto" and not cfg.trainer.overwrite:
-        log.info("%s: done already, in %s; the next stage starts from %s", TITLES[name], stage_dir, model)
+        log.info("%s: done already, in %s; the next stage starts from %s", STAGES[name], stage_dir, model)
     else:
         steps = cfg.trainer.max_steps if name == "rl" else getattr(cfg, name).steps
-        log.info("%s: %d steps into %s, then the next stage from its model", TITLES[name], steps, stage_dir)
+        log.info("%s: %d steps into %s, then the next stage from its model", STAGES[name], steps, stage_dir)
         stage_runner(name)(stage, stage_dir, recipe_dir)
     return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, path=str(model), build=None))

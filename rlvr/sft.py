@@ -295,5 +295,4 @@ def run_sft(cfg: TrainConfig, run_dir: Path, recipe_dir: Path | None = None) -> 
     t_start = time.perf_counter()
     run = build(stage_config(cfg), run_dir, "sft",
                 wrap_task=lambda task, tokenizer, tools: Demonstrations(task, cfg, tokenizer, tools))
-    return run_steps(run, run_dir, lambda step, watch: sft_step(run, step, watch), t_start, "cold start",
-                     recipe_dir)
+    return run_steps(run, run_dir, sft_step, t_start, "cold start", recipe_dir)

@@ -36,7 +36,6 @@ from rlvr.data import Task
 from rlvr.learner import Learner, make_batch
 from rlvr.loop import Watch, run_steps, sync
 from rlvr.metrics import StepMetrics, StepTimes, peak_memory, summarise
-from rlvr.monitor import DegenerationMonitor
 from rlvr.prompts import PromptFit
 from rlvr.records import Rollout
 from rlvr.rewards import Rewards
@@ -134,8 +133,19 @@ def shaped_scores(rollouts: list[Rollout], rewards: Rewards, learner: Learner,
     return scores.view(-1, a.group_size), metrics
 
 
-def rl_step(run: Run, step: int) -> tuple[StepMetrics, Collected]:
-    """One RL step: prompts -> groups -> scores -> advantages -> update -> sync (checked) -> its record."""
+def rl_step(run: Run, step: int, watch: Watch) -> dict[str, float]:
+    """One RL step (`learn`), its record logged with the degeneration monitor's flags and checked by
+    `watch`: the contract of every stage's step (rlvr.loop.run_steps)."""
+    metrics, collected = learn(run, step)
+    record = metrics.flat()
+    record.update(watch.monitor.update(step, record))
+    run.logger.log(step, record)
+    watch.after(step, metrics, collected)
+    return record
+
+
+def learn(run: Run, step: int) -> tuple[StepMetrics, Collected]:
+    """Prompts -> groups -> scores -> advantages -> update -> sync (checked) -> the step's metrics."""
     cfg, learner, rewards, a = run.cfg, run.learner, run.rewards, run.cfg.algorithm
     t_step = time.perf_counter()
     errors_before = rewards.errors
@@ -190,15 +200,4 @@ def run_rl(cfg: TrainConfig, run_dir: Path, recipe_dir: Path | None = None) -> d
                                "optim.warmup_steps"):
         log.warning("RL: %s", warning)
     t_start = time.perf_counter()
-    run = build(cfg, run_dir)
-    monitor = DegenerationMonitor([term for term in run.rewards.weights if term != cfg.reward.correct_term])
-
-    def step(k: int, watch: Watch) -> dict[str, float]:
-        metrics, collected = rl_step(run, k)
-        record = metrics.flat()
-        record.update(monitor.update(k, record))
-        run.logger.log(k, record)
-        watch.after(k, metrics, collected)
-        return record
-
-    return run_steps(run, run_dir, step, t_start, recipe_dir=recipe_dir)
+    return run_steps(build(cfg, run_dir), run_dir, rl_step, t_start, recipe_dir=recipe_dir)

@@ -152,7 +152,7 @@ def test_bad_pairs_fail_before_the_model_loads_naming_the_row(row, error, tmp_pa
                       "recipe=[sft,rl])"),
     (["recipe=[dpo,rl]"], "dpo.steps: recipe=[dpo,rl] runs the preference stage, which needs dpo.steps >= 1"),
     (["recipe=[rl,ppo]"], "recipe: must list stages, each one of sft, dpo, rl"),
-    (["recipe=[dpo]", "dpo.steps=1", "dpo.loss=ipo"], "dpo.loss: must be dpo or simpo"),
+    (["recipe=[dpo]", "dpo.steps=1", "dpo.loss=ipo"], "dpo.loss: must be one of dpo, simpo"),
 ])
 def test_a_recipe_that_cannot_run_is_refused_naming_the_key(args, error, tmp_path, cache_dir):
     result = cli_here(["train", *TINY, *args, f"hydra.run.dir={tmp_path / 'run'}"], cache_dir)
