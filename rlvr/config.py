@@ -61,6 +61,7 @@ Overlong = _choice("Overlong", "none", "mask", "soft")
 Combine = _choice("Combine", "sum_then_normalise", "normalise_then_sum")
 WandbMode = _choice("WandbMode", "online", "offline", "disabled")
 PreferenceLoss = _choice("PreferenceLoss", "dpo", "simpo")
+Sampling = _choice("Sampling", "uniform", "difficulty")
 
 
 @dataclass
@@ -85,16 +86,38 @@ class ModelConfig:
 
 
 @dataclass
+class SamplingConfig:
+    """How a step draws its training prompts (`data.sampling`; rlvr.data.sampling)."""
+
+    mode: Sampling = MISSING
+    candidates: int = MISSING
+    rate: float = MISSING
+    retire_after: int = MISSING
+    retire_steps: int = MISSING
+    floor: float = MISSING
+
+    def check(self) -> None:
+        need(self.candidates >= 1, "data.sampling.candidates", f"must be >= 1, got {self.candidates}")
+        need(0 < self.rate <= 1, "data.sampling.rate", f"must be in (0, 1], got {self.rate}")
+        need(self.retire_after >= 1, "data.sampling.retire_after", f"must be >= 1, got {self.retire_after}")
+        need(self.retire_steps >= 0, "data.sampling.retire_steps", f"must be >= 0, got {self.retire_steps}")
+        need(0 < self.floor <= 0.25, "data.sampling.floor",
+             f"must be in (0, 0.25] (the weight at a pass rate of 0.5 is 0.25), got {self.floor}")
+
+
+@dataclass
 class DataConfig:
     _target_: str = MISSING
     batch_size: int = MISSING
     eval_size: int = MISSING
     system_prompt: str | None = MISSING
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
 
     def check(self) -> None:
         need(self.batch_size >= 1, "data.batch_size", f"must be >= 1 (the prompts per step), got {self.batch_size}")
         need(self.eval_size >= 1, "data.eval_size",
              "must be >= 1 (the evaluation and the weight-sync canary use these prompts)")
+        self.sampling.check()
 
 
 @dataclass
@@ -105,17 +128,27 @@ class OpenDataConfig:
     _target_: str = MISSING
     batch_size: int = MISSING
     options: dict[str, Any] = field(default_factory=dict)
+    sampling: SamplingConfig | None = None  # (none in the YAML: uniform)
 
     @staticmethod
     def parse(data: dict[str, Any]) -> OpenDataConfig:
         """`data` as the YAML gave it: its class and prompts per step, and the task's own keys."""
         for key in ("_target_", "batch_size"):
             need(key in data, f"data.{key}", "must be set (every task names its class and the prompts per step)")
+        sampling = data.get("sampling")
+        if sampling is not None and not isinstance(sampling, SamplingConfig):
+            keys = [f.name for f in dataclasses.fields(SamplingConfig)]
+            need(isinstance(sampling, dict) and sorted(sampling) == sorted(keys), "data.sampling",
+                 f"takes {', '.join(keys)}, each set: list _sampling in the task's defaults (then override any)")
+            sampling = SamplingConfig(**sampling)
         return OpenDataConfig(data["_target_"], data["batch_size"],
-                              {k: v for k, v in data.items() if k not in ("_target_", "batch_size")})
+                              {k: v for k, v in data.items() if k not in ("_target_", "batch_size", "sampling")},
+                              sampling)
 
     def check(self) -> None:  # (the task's constructor checks its own keys)
         need(self.batch_size >= 1, "data.batch_size", f"must be >= 1 (the prompts per step), got {self.batch_size}")
+        if self.sampling is not None:
+            self.sampling.check()
 
 
 @dataclass
@@ -156,6 +189,42 @@ class FileDataConfig(DataConfig):
     eval_split: str | None = MISSING
     shuffle: bool = MISSING
     max_prompt_tokens: int | None = MISSING
+
+
+@dataclass
+class MixtureSource:
+    """One source of `data=mixture`: its sampling weight, and the data and reward options it is drawn
+    and scored with (placed by the experiment's defaults)."""
+
+    weight: float = MISSING
+    data: Any = MISSING  # typed by the data option's own schema
+    reward: RewardConfig = MISSING
+
+
+@dataclass
+class MixtureDataConfig:
+    """`data=mixture` (rlvr.data.mixture)."""
+
+    _target_: str = MISSING
+    batch_size: int = MISSING
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    sources: dict[str, MixtureSource] = field(default_factory=dict)
+
+    def check(self) -> None:
+        need(self.batch_size >= 1, "data.batch_size", f"must be >= 1 (the prompts per step), got {self.batch_size}")
+        self.sampling.check()
+        need(len(self.sources) >= 1, "data.sources", "a mixture needs at least one source: add /data@data.sources."
+             "NAME.data and /reward@data.sources.NAME.reward to the experiment's defaults (docs/tasks.md#mixtures)")
+        for name, source in self.sources.items():
+            where = f"data.sources.{name}"
+            need(source.weight > 0, f"{where}.weight", f"must be > 0, got {source.weight}")
+            need(getattr(source.data, "sampling", None) is None or source.data.sampling.mode == "uniform",
+                 f"{where}.data.sampling.mode", "a mixture draws by difficulty as a whole: set data.sampling.mode")
+            try:
+                source.data.check()
+                source.reward.check()
+            except ConfigError as e:  # (a source's keys named where they are)
+                raise ConfigError(f"{where}.{e}") from e
 
 
 @dataclass
@@ -525,6 +594,10 @@ def typed(cfg: DictConfig) -> TrainConfig:
     out.reward.terms = reward_terms(out.reward.terms)
     if isinstance(out.data, dict):
         out.data = OpenDataConfig.parse(out.data)
+    for source in getattr(out.data, "sources", {}).values():  # (a mixture's)
+        source.reward.terms = reward_terms(source.reward.terms)
+        if isinstance(source.data, dict):
+            source.data = OpenDataConfig.parse(source.data)
     return out
 
 
@@ -535,10 +608,11 @@ def reward_terms(terms: dict[str, Any]) -> dict[str, RewardTerm]:
 
 
 def task_options(data: DataConfig | OpenDataConfig) -> dict[str, Any]:
-    """The keyword arguments of a task's constructor: every key of `data` but `_target_`."""
+    """The keyword arguments of a task's constructor: every key of `data` but `_target_` and `sampling`
+    (how the run draws from the task: rlvr.data.sampling)."""
     if isinstance(data, OpenDataConfig):
         return {"batch_size": data.batch_size, **data.options}
-    return {f.name: getattr(data, f.name) for f in dataclasses.fields(data) if f.name != "_target_"}
+    return {f.name: getattr(data, f.name) for f in dataclasses.fields(data) if f.name not in ("_target_", "sampling")}
 
 
 def register() -> None:
@@ -565,6 +639,7 @@ def register() -> None:
     cs.store(group="data", name="function_picking_schema", node=FunctionPickingDataConfig)
     cs.store(group="data", name="file_schema", node=FileDataConfig)
     cs.store(group="data", name="bfcl_schema", node=BfclDataConfig)
+    cs.store(group="data", name="mixture_schema", node=MixtureDataConfig)
 
 
 class ConfigError(RlvrError, ValueError):

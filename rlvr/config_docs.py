@@ -26,7 +26,9 @@ from rlvr.config import (
     Choice,
     FileDataConfig,
     FunctionPickingDataConfig,
+    MixtureDataConfig,
     MultiplicationDataConfig,
+    SamplingConfig,
     TrainConfig,
 )
 from rlvr.keys import group_options
@@ -35,7 +37,7 @@ CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 OUT = Path(__file__).resolve().parent.parent / "docs" / "reference.md"
 # Data options with a schema of their own: the keys beyond every task's.
 DATA_SCHEMAS = {"multiplication": MultiplicationDataConfig, "function_picking": FunctionPickingDataConfig,
-                "bfcl": BfclDataConfig, "jsonl": FileDataConfig}
+                "bfcl": BfclDataConfig, "jsonl": FileDataConfig, "mixture": MixtureDataConfig}
 GROUP_LINES = {
     "model": "The policy: a Hugging Face folder, how to build it, LoRA.",
     "data": "The task: where prompts come from, prompts per step, the held-out split.",
@@ -187,7 +189,11 @@ def render() -> str:
         if group == "data":
             for option, data_schema in DATA_SCHEMAS.items():
                 label = "a file (`jsonl`, `json`, `csv`, `parquet`, `hf`)" if option == "jsonl" else f"`{option}`"
-                out += [f"### data={label}", "", *table("data", option, fields(data_schema)), ""]
+                keys = [(k, t) for k, t in fields(data_schema) if not k.startswith("sampling.")]
+                out += [f"### data={label}", "", *table("data", option, keys), ""]
+            out += ["### data.sampling (every option)", "", "How each step draws its training prompts from the task "
+                    "(docs/tasks.md#difficulty-aware-sampling).", "",
+                    *table("data", "_sampling", fields(SamplingConfig, "sampling.")), ""]
             continue
         if group == "reward":
             out += ["Every option sets `reward.terms.NAME: {_target_, weight, kwargs}` and `reward.correct_term`:",

@@ -23,8 +23,8 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from rlvr.config import RENAMED, Choice, ConfigError, RewardTerm, TrainConfig
 
-# reward.terms.NAME: untyped in the schema (so that `+` can add a term), held to RewardTerm's keys here.
-_TERM = re.compile(r"reward\.terms\.[^.]+")
+# reward.terms.NAME (and a mixture source's): untyped in the schema (so that `+` can add a term), held to RewardTerm's keys here.
+_TERM = re.compile(r"(data\.sources\.[^.]+\.)?reward\.terms\.[^.]+")
 
 
 def unknown_keys(cfg: DictConfig) -> None:

@@ -125,7 +125,7 @@ class Watch:
         self.run, self.run_dir, self.recipe_dir = run, run_dir, recipe_dir
         self.bad_steps = 0
         self.canary_warned = False
-        self.monitor = DegenerationMonitor([t for t in run.rewards.weights if t != run.cfg.reward.correct_term])
+        self.monitor = DegenerationMonitor([t for t in run.rewards.weights if t not in run.rewards.correct_terms])
         # what each checkpoint says of the run that wrote it (rlvr.rundir.refuse_other_stage reads it)
         self.written_by = {"stage": run.stage, "run_dir": str(recipe_dir or run_dir),
                            "command": "sft" if run.stage == "sft" and recipe_dir is None else "train"}

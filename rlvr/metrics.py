@@ -19,8 +19,10 @@ def summarise(rollouts: list[Rollout], rewards: Rewards, prefix: str = "") -> di
     several, and per `meta["domain"]` as `<domain>/accuracy`), completion length and truncation rate."""
     n = len(rollouts)
     out = {f"{prefix}reward/mean": sum(r.reward for r in rollouts) / n}
-    for name in rewards.weights:
-        out[f"{prefix}reward/{name}"] = sum(r.rewards[name] for r in rollouts) / n
+    for name in rewards.weights:  # (a mixture's terms: over the rollouts of their source)
+        values = [r.rewards[name] for r in rollouts if name in r.rewards]
+        if values:
+            out[f"{prefix}reward/{name}"] = sum(values) / len(values)
     out[f"{prefix}accuracy"] = sum(rewards.is_correct(r) for r in rollouts) / n
     # a task whose prompts carry several meta["level"]s (a curriculum) or meta["domain"]s (sources, e.g. BFCL's
     # categories): accuracy per level and per source too
@@ -103,6 +105,7 @@ class StepMetrics:
     groups_trained: int
     extra_rounds: int  # dynamic sampling's extra rounds
     dropped_prompts: int  # prompts too long for the context
+    discarded: int  # rollouts generated and not trained on (dynamic sampling's flat groups)
     canary_diff: float  # the largest engine/learner logprob difference after the sync
     times: StepTimes
     tokens: int  # tokens generated
@@ -120,6 +123,7 @@ class StepMetrics:
             "groups/trained": float(self.groups_trained),
             "groups/extra_rounds": float(self.extra_rounds),
             "data/dropped_prompts": float(self.dropped_prompts),
+            "rollouts/discarded": float(self.discarded),
             "sync/logprob_max_diff": self.canary_diff,
             **{f"time/{phase}_s": seconds for phase, seconds in t.named().items()},
             "time/other_s": t.step - sum(t.named().values()),

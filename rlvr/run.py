@@ -28,7 +28,7 @@ from rlvr.learner.precision import Precision, pick_device
 from rlvr.learner.precision import resolve as resolve_precision
 from rlvr.prompts import PromptFit
 from rlvr.records import Prompt
-from rlvr.rewards import Rewards
+from rlvr.rewards import MixedRewards, Rewards, build_rewards
 from rlvr.rollout.engine import Canary, Engine, build_engine, canary_sequence, check_backend, check_engine
 from rlvr.rollout.multiturn import Generate, build_tools, rollout_generator
 from rlvr.runlog import Logger, NullLogger, manifest
@@ -48,7 +48,7 @@ class Run:
     precision: Precision
     model_path: Path  # the model the run starts from (and the KL reference)
     task: Task | StageSource  # what the stage draws from: the task, or a cold start's or a DPO stage's data
-    rewards: Rewards
+    rewards: Rewards | MixedRewards
     tokenizer: object
     fit: PromptFit  # prompts checked against the engine's context
     eval_prompts: list[Prompt]  # the held-out prompts, and their token ids
@@ -79,7 +79,7 @@ def build(cfg: TrainConfig, run_dir: Path, stage: str = "rl", training: bool = T
     check(cfg, training=training)
     device = pick_device(cfg.launch.device)
     check_backend(cfg.rollout.backend, device)
-    rewards = Rewards(cfg.reward, device)
+    rewards = build_rewards(cfg, device)
     with _closed_on_error(rewards.close):
         tools = build_tools(cfg.tools, cfg.rollout)
         model_path = models.resolve(cfg.model, Path(cfg.cache_dir))

@@ -90,6 +90,9 @@ def collect_groups(task: Task, fit: PromptFit, generate: Generate, rewards: Rewa
         rewards.score(rollouts)
         scores, shaping = score(rollouts)  # [P, G]
         times["reward"] += time.perf_counter() - t0
+        if observe := getattr(task, "observe", None):  # each group's pass rate (rlvr.data.Task), every round's
+            observe(prompts, [sum(map(rewards.is_correct, rollouts[i * G : (i + 1) * G])) / G
+                              for i in range(len(prompts))], step)
         if first is None:
             first = rollouts, scores, shaping
         if not dynamic.enabled:
@@ -182,6 +185,7 @@ def learn(run: Run, step: int) -> tuple[StepMetrics, Collected]:
         reward_errors=rewards.errors - errors_before,
         zero_adv_frac=float(advantages.flat_groups(c.first_scores).float().mean()),
         groups_trained=len(c.rollouts) // G, extra_rounds=c.rounds, dropped_prompts=c.dropped,
+        discarded=(c.rounds + 1) * cfg.data.batch_size * G - len(c.rollouts),
         canary_diff=canary_diff,
         times=StepTimes(c.times["prompts"], c.times["rollout"], c.times["reward"], t_learn, t_sync, t_canary,
                         time.perf_counter() - t_step),

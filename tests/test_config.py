@@ -16,7 +16,7 @@ from rlvr.cli import CONFIG_DIR
 from rlvr.config import ConfigError, check, register, typed
 from rlvr.data import build_task
 from rlvr.keys import check_overrides, group_options, unknown_keys
-from rlvr.rewards import Rewards
+from rlvr.rewards import Rewards, build_rewards
 from rlvr.rollout.engine import EngineConfigError, check_backend
 
 from .conftest import cli_here, compose_config, compose_dictconfig
@@ -37,10 +37,14 @@ def test_every_option_composes_and_passes_the_checks(group, option, tmp_path):
         path = write(tmp_path / f"data{SUFFIX[option]}", ROWS, option)
         extra = [f"data.path={path}", "data.prompt_key=question", "data.eval_size=2"]
     cfg = compose_config([override, *extra])
+    if option == "mixture" and group == "data":  # (its sources come from an experiment: +experiment=mixture)
+        with pytest.raises(ConfigError, match="data.sources: a mixture needs at least one source"):
+            check(cfg)
+        return
     check(cfg)
     task = build_task(cfg)
     assert task.sample(2) and task.eval_prompts()
-    Rewards(cfg.reward)
+    build_rewards(cfg).close()
     if cfg.model.build is not None:
         assert callable(get_method(cfg.model.build))
 
@@ -105,7 +109,7 @@ def test_nonsense_values_are_rejected_with_the_key(override, key):
     # a group option that does not exist: the options there are, none of rlvr's internal schemas
     ("algorithm=grpoo", "algorithm=grpoo: no such option; algorithm is one of dapo, dr_grpo, grpo, gspo, rloo; "
                         "did you mean algorithm=grpo?"),
-    ("+experiment=multiplicaton", "experiment=multiplicaton: no such option; experiment is one of bfcl, function_picking, "
+    ("+experiment=multiplicaton", "experiment=multiplicaton: no such option; experiment is one of bfcl, function_picking, mixture, "
                                   "multiplication, multiplication_4x2, multiplication_4x2_sft, multiplication_tool, "
                                   "multiplication_tool_sft; did you mean experiment=multiplication?"),
     # keys that moved when trainer was split by concern

@@ -32,6 +32,9 @@ class Task(Protocol):
         """Feedback after each step (a curriculum may use it; others ignore it)."""
         ...
 
+    # Optional: `observe(prompts, pass_rates, step)`, each drawn prompt's group pass rate as soon as it is
+    # scored, every sampling round (rlvr.data.sampling and rlvr.data.mixture use it).
+
     def metrics(self) -> dict[str, float]:
         """Task state worth logging each step (e.g. `curriculum/level`); may be empty."""
         ...
@@ -131,28 +134,45 @@ class TaskError(RlvrError, ValueError):
 
 
 def build_task(cfg: TrainConfig, model_path: Path | None = None) -> Task:
-    """The task of `cfg.data`, built as the module docstring says."""
+    """The task of `cfg.data`, built as the module docstring says; drawn by difficulty when
+    `data.sampling.mode` says so (rlvr.data.sampling)."""
+
+    def tokenizer():
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(model_path) if model_path is not None else None
+
+    task = make_task(cfg.data, cfg.seed, tokenizer)
+    sampling = cfg.data.sampling
+    if sampling is not None and sampling.mode == "difficulty":
+        from rlvr.data.sampling import DifficultySampling
+
+        return DifficultySampling(task, sampling, cfg.seed)
+    return task
+
+
+def make_task(data, seed: int, tokenizer, where: str = "data") -> Task:
+    """The task a data config (`data`, at the key `where`) names: its class built with the config's keys,
+    `seed`, and `tokenizer()` when the constructor takes a tokenizer."""
     from hydra.utils import get_class
 
     try:
-        cls = get_class(cfg.data._target_)
+        cls = get_class(data._target_)
     except Exception as e:  # hydra wraps the import error
-        raise TaskError(f"data._target_={cfg.data._target_!r} cannot be imported: "
-                        f"{import_failure(cfg.data._target_, e)}") from e
-    kwargs = task_options(cfg.data)
+        raise TaskError(f"{where}._target_={data._target_!r} cannot be imported: "
+                        f"{import_failure(data._target_, e)}") from e
+    kwargs = task_options(data)
     params = inspect.signature(cls).parameters
     unknown = sorted(k for k in kwargs if k not in params) if not any(
         p.kind is p.VAR_KEYWORD for p in params.values()) else []
     if unknown:
-        raise TaskError(f"data: {cfg.data._target_} takes no key {unknown[0]!r} (it takes {sorted(params)})")
-    kwargs["seed"] = cfg.seed
-    if "tokenizer" in params and model_path is not None:
-        from transformers import AutoTokenizer
-
-        kwargs["tokenizer"] = AutoTokenizer.from_pretrained(model_path)
+        raise TaskError(f"{where}: {data._target_} takes no key {unknown[0]!r} (it takes {sorted(params)})")
+    kwargs["seed"] = seed
+    if "tokenizer" in params and (loaded := tokenizer()) is not None:
+        kwargs["tokenizer"] = loaded
     try:
         return cls(**kwargs)
     except RlvrError:
         raise
     except (ValueError, TypeError) as e:  # a task's own check of its keys
-        raise TaskError(f"data ({cfg.data._target_}): {e}") from e
+        raise TaskError(f"{where} ({data._target_}): {e}") from e

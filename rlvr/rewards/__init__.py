@@ -175,9 +175,94 @@ class Rewards:
     def is_correct(self, rollout: Rollout) -> bool:
         return rollout.rewards[self.correct_term] >= 1.0
 
+    @property
+    def correct_terms(self) -> set[str]:
+        """The terms that define accuracy (the monitor watches the others)."""
+        return {self.correct_term}
+
     def close(self) -> None:
         if self.pool:
             self.pool.close()
         for term in self.batched.values():
             if hasattr(term, "close"):
                 term.close()
+
+
+class MixedRewards:
+    """A mixture's rewards (rlvr.data.mixture): each source's own terms score its prompts (the source is
+    the prompt's `meta["domain"]`), logged as `reward/<source>/<term>`. The same methods as `Rewards`."""
+
+    def __init__(self, sources: dict[str, Rewards]):
+        self.sources = sources
+        self.weights = {f"{name}/{term}": w for name, r in sources.items() for term, w in r.weights.items()}
+
+    @property
+    def errors(self) -> int:
+        return sum(r.errors for r in self.sources.values())
+
+    @property
+    def correct_terms(self) -> set[str]:
+        return {f"{name}/{r.correct_term}" for name, r in self.sources.items()}
+
+    def score(self, rollouts: list[Rollout]) -> int:
+        """Each source's rollouts scored by its terms, their names prefixed with the source's."""
+        failed = 0
+        for name, rewards in self.sources.items():
+            mine = [r for r in rollouts if r.prompt.meta["domain"] == name]
+            if mine:
+                failed += rewards.score(mine)
+                for r in mine:
+                    r.rewards = {f"{name}/{term}": v for term, v in r.rewards.items()}
+                    r.reward_errors = {f"{name}/{term}": e for term, e in r.reward_errors.items()}
+        return failed
+
+    def scores(self, rollouts: list[Rollout], group_size: int) -> torch.Tensor:
+        """Scores [P, G]: each group (one prompt, so one source) combined as its source's terms say."""
+        import torch
+
+        rows = []
+        for k in range(0, len(rollouts), group_size):
+            group = rollouts[k : k + group_size]
+            name = group[0].prompt.meta["domain"]
+            r = self.sources[name]
+            terms = {t: torch.tensor([[x.rewards[f"{name}/{t}"] for x in group]]) for t in r.weights}
+            rows.append(combine(terms, r.weights, r.order))
+        return torch.cat(rows)
+
+    def is_correct(self, rollout: Rollout) -> bool:
+        name = rollout.prompt.meta["domain"]
+        return rollout.rewards[f"{name}/{self.sources[name].correct_term}"] >= 1.0
+
+    def attach(self, engine, tokenizer) -> None:
+        for r in self.sources.values():
+            r.attach(engine, tokenizer)
+
+    def state_dict(self) -> dict:
+        return {name: r.state_dict() for name, r in self.sources.items()}
+
+    def load_state_dict(self, state: dict) -> None:
+        for name, r in self.sources.items():
+            r.load_state_dict(state[name])
+
+    def close(self) -> None:
+        for r in self.sources.values():
+            r.close()
+
+
+def build_rewards(cfg, device: str = "cpu") -> Rewards | MixedRewards:
+    """The run's rewards: `reward`'s terms, or in a mixture (`data.sources`) each source's own."""
+    sources = getattr(cfg.data, "sources", None)
+    if not sources:
+        return Rewards(cfg.reward, device)
+    built: dict[str, Rewards] = {}
+    try:
+        for name, source in sources.items():
+            try:
+                built[name] = Rewards(source.reward, device)
+            except RewardError as e:
+                raise RewardError(f"data.sources.{name}.{e}") from e
+    except BaseException:
+        for r in built.values():
+            r.close()
+        raise
+    return MixedRewards(built)
