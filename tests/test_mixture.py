@@ -135,3 +135,24 @@ def test_a_mixture_trains_with_per_source_curves_and_checkpoints(tmp_path, cache
     task_state = json.loads(next(run_dir.glob("checkpoints/step-*/trainer_state.json")).read_text())["task"]
     assert set(task_state["task"]["sources"]) == {"multiplication", "function_picking"}
     assert task_state["rates"]  # the pass rates of the prompts drawn, for the resumed run
+
+
+def test_the_docs_mixture_of_two_files_composes_and_scores_each_with_its_verifier(tmp_path, monkeypatch):
+    """docs/tasks.md's own mixture (two JSONL files, the math and exact verifiers) as written."""
+    from .test_tasks_e2e import _readme_block
+
+    (tmp_path / "experiment").mkdir()
+    (tmp_path / "experiment" / "my_mix.yaml").write_text(_readme_block("mixture-yaml"))
+    for name, answer in (("gsm", "12"), ("sql", "SELECT 1")):
+        rows = [{"question": f"{name} question {i}", "answer": answer} for i in range(20)]
+        (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    monkeypatch.chdir(tmp_path)  # (the example's paths are relative to where rlvr runs)
+    cfg = compose_config([f"hydra.searchpath=[file://{tmp_path}]", "+experiment=my_mix"])
+    check(cfg)
+    task, rewards = build_task(cfg), build_rewards(cfg)
+    drawn = task.sample(8)
+    assert {p.meta["domain"] for p in task.sample(40)} == {"gsm", "sql"}
+    rollouts = [_rollout(p, "\\boxed{12}" if p.meta["domain"] == "gsm" else "<answer>SELECT 1</answer>", group=k)
+                for k, p in enumerate(drawn)]
+    rewards.score(rollouts)
+    assert [(r.prompt.meta["domain"], r.rewards) for r in rollouts if not rewards.is_correct(r)] == []
