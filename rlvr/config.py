@@ -561,6 +561,17 @@ class TrainConfig:
              f"must list stages, each one of {', '.join(STAGES)}, got {list(self.recipe)}")
         need(len(set(self.recipe)) == len(self.recipe), "recipe", f"names a stage twice: {list(self.recipe)}")
 
+    def schedule(self, stage: str) -> Schedule:
+        """The schedule of the stage `stage` (rl, sft, dpo), from its own keys: RL's from `trainer` and
+        `optim`, the cold start's from `sft.*`, the preference stage's from `dpo.*`."""
+        if stage == "rl":
+            t, o = self.trainer, self.optim
+            return Schedule(t.max_steps, o.lr, o.warmup_steps, t.eval_every, t.save_every, "trainer.max_steps",
+                            "optim.warmup_steps")
+        s = getattr(self, stage)
+        return Schedule(s.steps, s.lr, s.warmup_steps, s.eval_every, s.save_every, f"{stage}.steps",
+                        f"{stage}.warmup_steps")
+
     def check_recipe(self) -> None:
         """For `rlvr train`: a stage the recipe lists needs steps, and steps asked of a stage it does not
         list are refused (`rlvr train sft.steps=100` once meant a cold start before RL: it names `recipe`)."""
@@ -573,6 +584,24 @@ class TrainConfig:
             if not listed and n > 0:
                 raise ConfigError(f"{name}.steps={n} asks for a {STAGES[name]}, but recipe={show(self.recipe)} does "
                                   f"not list it: add it (e.g. recipe={show(with_it)}) or set {name}.steps=0")
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """A stage's own schedule (`TrainConfig.schedule`): its optimizer steps, its learning rate and the
+    steps of its linear warm-up, and how often it evaluates and checkpoints (0: only after the last
+    step; never). `steps_key` and `warmup_key` name its keys in messages."""
+
+    steps: int
+    lr: float
+    warmup_steps: int
+    eval_every: int
+    save_every: int
+    steps_key: str
+    warmup_key: str
+
+    def short_warmup(self) -> str | None:
+        return short_warmup(self.steps, self.warmup_steps, self.steps_key, self.warmup_key)
 
 
 # Keys that moved when `trainer` was split by concern: the old name -> the new one.

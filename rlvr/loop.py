@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from rlvr import checkpoint, distributed, models
+from rlvr.config import Schedule
 from rlvr.errors import RlvrError
 from rlvr.evaluate import greedy
 from rlvr.metrics import StepMetrics, sample_record
@@ -31,12 +32,12 @@ def run_steps(run: Run, run_dir: Path, step: Callable[[Run, int, Watch], dict[st
               what: str = "RL", recipe_dir: Path | None = None) -> dict[str, float]:
     """The loop around a stage's `step` (rlvr.train.rl_step, rlvr.sft.sft_step, rlvr.preference.dpo_step),
     which runs step k of `run`, logs its record, has the `Watch` check it, and returns the record. First the proof that the engine serves
-    the learner's weights and the first evaluation (or a resumed run's state); then the steps from `run.start + 1` to `trainer.max_steps`,
+    the learner's weights and the first evaluation (or a resumed run's state); then the steps from `run.start + 1` to the stage's last (`run.schedule`),
     with evaluations and checkpoints as `trainer.*` says and a clean stop on SIGINT/SIGTERM; then the
     final evaluation, summary.json, curves.png and the model. Closes the run. `recipe_dir`: the run dir of
     the recipe this stage is the cold start of (a stopped stage says how to resume the whole recipe).
     """
-    t, learner, logger = run.cfg.trainer, run.learner, run.logger
+    s, learner, logger = run.schedule, run.learner, run.logger
     watch = Watch(run, run_dir, recipe_dir)
     stop = GracefulStop()
     try:
@@ -55,12 +56,12 @@ def run_steps(run: Run, run_dir: Path, step: Callable[[Run, int, Watch], dict[st
                         f"Continue with the same command plus {watch.resume_with(run.resume)}"
                         if run.resume or recipe_dir else "")
             raise SystemExit(128 + stop.signal)
-        for k in range(run.start + 1, t.max_steps + 1):
+        for k in range(run.start + 1, s.steps + 1):
             record = step(run, k, watch)
-            if evaluation_follows(t, k) and k < t.max_steps:  # (the last step's: the final evaluation below)
+            if evaluation_follows(s, k) and k < s.steps:  # (the last step's: the final evaluation below)
                 logger.log(k, evaluate(run))
             saved = None
-            if t.save_every and (k % t.save_every == 0 or k == t.max_steps):
+            if s.save_every and (k % s.save_every == 0 or k == s.steps):
                 saved = watch.save(k)
             if _stop_asked(stop):
                 saved = saved or watch.save(k)
@@ -69,14 +70,14 @@ def run_steps(run: Run, run_dir: Path, step: Callable[[Run, int, Watch], dict[st
                 raise SystemExit(128 + stop.signal)
 
         final_eval = evaluate(run)
-        logger.log(t.max_steps, final_eval)
-        logger.write_summary({"steps": t.max_steps, "wall_s": time.perf_counter() - t_start,
+        logger.log(s.steps, final_eval)
+        logger.write_summary({"steps": s.steps, "wall_s": time.perf_counter() - t_start,
                               "first_eval": first_eval, "final_eval": final_eval, "last_step": record})
         log.info("%s: eval accuracy %.3f -> %.3f over %d steps", what, first_eval["eval/accuracy"],
-                 final_eval["eval/accuracy"], t.max_steps)
+                 final_eval["eval/accuracy"], s.steps)
         if distributed.rank() == 0:
             plot([run_dir], run_dir / "curves.png")
-        if t.save_model:
+        if run.cfg.trainer.save_model or run.stage != "rl":  # (what a cold start or preference stage is for)
             weights = learner.policy.export_weights()  # every rank takes part; rank 0 writes
             distributed.on_rank0(lambda: models.build_atomically(run_dir / "model",
                                                                  lambda path: learner.policy.save(path, weights), replace=True))
@@ -87,9 +88,9 @@ def run_steps(run: Run, run_dir: Path, step: Callable[[Run, int, Watch], dict[st
         run.close()
 
 
-def evaluation_follows(trainer, step: int) -> bool:
-    """Whether the held-out evaluation runs after `step`: every `trainer.eval_every` steps and after the last."""
-    return step == trainer.max_steps or bool(trainer.eval_every and step % trainer.eval_every == 0)
+def evaluation_follows(schedule: Schedule, step: int) -> bool:
+    """Whether the held-out evaluation runs after `step`: every `eval_every` steps of the stage and after the last."""
+    return step == schedule.steps or bool(schedule.eval_every and step % schedule.eval_every == 0)
 
 
 def sync(run: Run) -> tuple[float, float, float]:
@@ -147,7 +148,7 @@ class Watch:
         if t.log_samples:
             r = c.first_round[0]
             log.info("sample (reward %.2f, answer %s): %r", r.reward, r.prompt.answer, r.text[:300])
-        if t.samples_every and (step % t.samples_every == 0 or step == t.max_steps):  # (a short run's too)
+        if t.samples_every and (step % t.samples_every == 0 or step == self.run.schedule.steps):  # (a short run's too)
             self.run.logger.samples(step, [sample_record(r, self.run.rewards, step=step)
                                            for r in c.rollouts[: t.log_samples * G]])
         self.skipped(step, m.learn["learn/skipped_updates"])

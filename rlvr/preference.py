@@ -46,20 +46,6 @@ class PairDataError(SftDataError):
     """Pairs that cannot be used; the message names the key, the file and the row."""
 
 
-def stage_config(cfg: TrainConfig) -> TrainConfig:
-    """The config of the preference stage as a run: `dpo.*` in place of the RL keys it stands for (steps,
-    the learning rate and its warmup, evaluation and checkpoints), logprobs at temperature 1 for the
-    loss and no KL term (DPO's reference is its own); everything else as configured."""
-    d, a = cfg.dpo, cfg.algorithm
-    return dataclasses.replace(
-        cfg,
-        optim=dataclasses.replace(cfg.optim, lr=d.lr, warmup_steps=d.warmup_steps),
-        trainer=dataclasses.replace(cfg.trainer, max_steps=d.steps, eval_every=d.eval_every, save_every=d.save_every,
-                                    save_model=True),
-        algorithm=dataclasses.replace(a, kl=dataclasses.replace(a.kl, coef=0.0, reward_coef=0.0)),
-    )
-
-
 def pair_from_row(row: dict, at: str, d) -> tuple[Demonstration, Demonstration]:
     """The (chosen, rejected) demonstrations of a dataset row (module docstring); raises PairDataError
     naming the row (`at`: the file and the row's line)."""
@@ -193,7 +179,7 @@ def dpo_step(run, step: int, watch) -> dict[str, float]:
     learn = learner.step(batch, Preference(PreferenceConfig(d.loss, d.beta, d.simpo_gamma)))
     t_learn = time.perf_counter() - t_learn
     on_policy = d.data == "on_policy"
-    t_sync, t_canary, diff = sync(run) if on_policy or evaluation_follows(cfg.trainer, step) else (0.0, 0.0, None)
+    t_sync, t_canary, diff = sync(run) if on_policy or evaluation_follows(run.schedule, step) else (0.0, 0.0, None)
     record.update({**learn, "pref/pairs": float(len(pairs)), "time/learn_s": t_learn, "time/sync_s": t_sync,
                    "time/canary_s": t_canary, "time/step_s": time.perf_counter() - t0})
     if diff is not None:
@@ -207,15 +193,13 @@ def dpo_step(run, step: int, watch) -> dict[str, float]:
 def run_dpo(cfg: TrainConfig, run_dir: Path, recipe_dir: Path | None = None) -> dict[str, float]:
     """The preference stage into `run_dir` (its model in `run_dir/model`); `recipe_dir`: the run dir of
     the recipe it is a stage of."""
-    from rlvr.config import ConfigError, short_warmup
+    from rlvr.config import ConfigError
     from rlvr.loop import run_steps
     from rlvr.run import build
 
     if cfg.dpo.steps < 1:
         raise ConfigError("dpo.steps: a recipe with the dpo stage needs >= 1 (its optimizer steps)")
-    if warning := short_warmup(cfg.dpo.steps, cfg.dpo.warmup_steps, "dpo.steps", "dpo.warmup_steps"):
-        log.warning("preference stage: %s", warning)
     t_start = time.perf_counter()
     wrap = None if cfg.dpo.data == "on_policy" else (lambda task, tokenizer, tools: Pairs(task, cfg, tokenizer, tools))
-    run = build(stage_config(cfg), run_dir, stage="dpo", wrap_task=wrap)
+    run = build(cfg, run_dir, stage="dpo", wrap_task=wrap)
     return run_steps(run, run_dir, dpo_step, t_start, "preference stage", recipe_dir)

@@ -61,7 +61,7 @@ def _earlier_stage(cfg: TrainConfig, name: str, stage_dir: Path, recipe_dir: Pat
     if done and resume == "auto" and not cfg.trainer.overwrite:
         log.info("%s: done already, in %s; the next stage starts from %s", STAGES[name], stage_dir, model)
     else:
-        steps = cfg.trainer.max_steps if name == "rl" else getattr(cfg, name).steps
-        log.info("%s: %d steps into %s, then the next stage from its model", STAGES[name], steps, stage_dir)
+        log.info("%s: %d steps into %s, then the next stage from its model", STAGES[name], cfg.schedule(name).steps,
+                 stage_dir)
         stage_runner(name)(stage, stage_dir, recipe_dir)
     return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, path=str(model), build=None))

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from rlvr import checkpoint, distributed, models, rundir
-from rlvr.config import TrainConfig, check
+from rlvr.config import STAGES, Schedule, TrainConfig, check
 from rlvr.data import StageSource, Task, build_task
 from rlvr.host import keep_freed_memory
 from rlvr.learner.precision import Precision, pick_device
@@ -61,6 +61,7 @@ class Run:
     resume: Path | None = None  # the checkpoint a resumed run continues from
     start: int = 0  # the last step already done (a resumed run's checkpoint's)
     stage: str = "rl"  # "rl", "sft" (a cold start) or "dpo" (its checkpoints say so; another stage refuses them)
+    schedule: Schedule | None = None  # the stage's steps, learning rate, evaluations and checkpoints (training only)
 
     def close(self) -> None:
         self.rewards.close()
@@ -77,6 +78,9 @@ def build(cfg: TrainConfig, run_dir: Path, stage: str = "rl", training: bool = T
     pairs, rlvr.preference). Across processes every rank builds its own (rank 0 alone writes into
     `run_dir`)."""
     check(cfg, training=training)
+    schedule = cfg.schedule(stage)
+    if training and (warning := schedule.short_warmup()):
+        log.warning("%s: %s", STAGES[stage], warning)
     device = pick_device(cfg.launch.device)
     check_backend(cfg.rollout.backend, device)
     rewards = build_rewards(cfg, device)
@@ -117,15 +121,16 @@ def build(cfg: TrainConfig, run_dir: Path, stage: str = "rl", training: bool = T
         # A run dir that holds another run is refused before the learner loads (every rank stops alike);
         # it is written to only once everything that can fail on bad input has passed.
         distributed.on_rank0(rundir.refuse, run_dir, resume, cfg.trainer.overwrite, auto)
-        learner = _learner(cfg, model_path, resume, device, precision, stage)
+        learner = _learner(cfg, model_path, resume, device, precision, stage, schedule)
         log.info("learner: %s", learner.describe(cold_start=stage == "sft"))
         # Every prompt is checked against the engine's context before the engine starts.
         fit = PromptFit(learner.policy.tokenizer, cfg.rollout.max_model_len, cfg.rollout.max_tokens, tools)
         run = Run(cfg, device, precision, model_path, task, rewards, learner.policy.tokenizer, fit,
-                  *fit.eval_prompts(task.eval_prompts()), learner=learner, resume=resume, stage=stage)
+                  *fit.eval_prompts(task.eval_prompts()), learner=learner, resume=resume, stage=stage,
+                  schedule=schedule)
         fit.probe(task, cfg.data.batch_size)
         distributed.on_rank0(rundir.prepare, run_dir, resume, cfg.trainer.overwrite, auto)  # the first write
-        run.logger = Logger(run_dir, cfg, cfg.trainer.max_steps, STAGE_TITLES[stage]) \
+        run.logger = Logger(run_dir, cfg, schedule.steps, STAGE_TITLES[stage]) \
             if distributed.rank() == 0 else NullLogger()
     with _closed_on_error(run.close):
         run.logger.write_manifest({
@@ -149,19 +154,22 @@ def build(cfg: TrainConfig, run_dir: Path, stage: str = "rl", training: bool = T
 
 
 def _learner(cfg: TrainConfig, model_path: Path, resume: Path | None, device: str, precision: Precision,
-             stage: str):
-    """The learner of `model_path`, or of a resumed run's checkpoint. With LoRA it is the base model
-    plus the adapter (the checkpoint's); the engine serves merged weights. A DPO stage loads the frozen
-    reference (`model_path`, the stage's starting model) and scores at temperature 1."""
+             stage: str, schedule: Schedule):
+    """The learner of `model_path`, or of a resumed run's checkpoint, on the stage's schedule. With LoRA
+    it is the base model plus the adapter (the checkpoint's); the engine serves merged weights. RL
+    scores at the sampling temperature and loads the frozen reference (`model_path`) for a KL term;
+    the cold start and the preference stage score at temperature 1, the preference stage with DPO's
+    reference (the stage's starting model), the cold start packing its rows as `sft.packing` says."""
     from rlvr.learner import Learner  # (torch and transformers' model code: only for training)
 
     lora = cfg.model.lora if cfg.model.lora.r > 0 else None
     policy_path = resume / "model" if resume else model_path
     return Learner(model_path if lora else policy_path, cfg.optim, cfg.algorithm, cfg.learner,
-                   1.0 if stage == "dpo" else cfg.rollout.temperature, cfg.rollout.max_tokens, device, precision,
+                   cfg.rollout.temperature if stage == "rl" else 1.0, cfg.rollout.max_tokens, device, precision,
                    reference_path=model_path, lora=lora,
                    adapter_path=checkpoint.adapter(resume, lora is not None) if resume else None,
-                   with_reference=stage == "dpo" and cfg.dpo.loss == "dpo")
+                   with_reference=None if stage == "rl" else stage == "dpo" and cfg.dpo.loss == "dpo",
+                   schedule=schedule, shared_prefix=cfg.sft.packing if stage == "sft" else None)
 
 
 def _with_engine(run: Run, policy_path: Path, tools) -> Run:

@@ -6,7 +6,8 @@
 A cold start is a run like an RL run (`rlvr.run.build`: the same model, learner, engine, canary,
 checkpoints, exact resume, logging and evaluation) whose step is another objective on another data
 source: demonstrations instead of rollouts, the `SFT` objective instead of RL's, on the learner's one
-update path. The config is the RL config with `sft.*` in place of the keys it overrides (`stage_config`).
+update path, on its own schedule (`sft.steps`, `sft.lr`... : `TrainConfig.schedule`), its logprobs at
+temperature 1, its rows packed as `sft.packing` says.
 
 Demonstrations come from the task (`task.demonstrations(n)`, drawn from its training split, so never a
 held-out problem) or from a dataset of chat rows or prompt/completion rows; a dataset row whose prompt
@@ -42,23 +43,6 @@ ROLES = ("system", "user", "assistant", "tool")
 
 class SftDataError(RlvrError, ValueError):
     """Demonstrations that cannot be used; the message names the key, the file and the row."""
-
-
-def stage_config(cfg: TrainConfig) -> TrainConfig:
-    """The config of the cold start as a run: `sft.*` in place of the RL keys it stands for (steps, the
-    learning rate and its warmup, evaluation and checkpoints, packing), logprobs at temperature 1 and
-    no KL reference; everything else (model, precision, LoRA, engine, launch, logging) as configured."""
-    s = cfg.sft
-    a = cfg.algorithm
-    return dataclasses.replace(
-        cfg,
-        optim=dataclasses.replace(cfg.optim, lr=s.lr, warmup_steps=s.warmup_steps),
-        trainer=dataclasses.replace(cfg.trainer, max_steps=s.steps, eval_every=s.eval_every, save_every=s.save_every,
-                                    save_model=True),
-        learner=dataclasses.replace(cfg.learner, shared_prefix=s.packing),
-        rollout=dataclasses.replace(cfg.rollout, temperature=1.0),
-        algorithm=dataclasses.replace(a, kl=dataclasses.replace(a.kl, coef=0.0, reward_coef=0.0)),
-    )
 
 
 def from_row(row: dict, at: str, s) -> Demonstration:
@@ -269,7 +253,7 @@ def sft_step(run, step: int, watch) -> dict[str, float]:
     t_learn = time.perf_counter()
     learn = learner.step(batch, SFT())
     t_learn = time.perf_counter() - t_learn
-    t_sync, t_canary, diff = sync(run) if evaluation_follows(run.cfg.trainer, step) else (0.0, 0.0, None)
+    t_sync, t_canary, diff = sync(run) if evaluation_follows(run.schedule, step) else (0.0, 0.0, None)
     step_s = time.perf_counter() - t0
     record = {**learn, "time/learn_s": t_learn, "time/sync_s": t_sync, "time/canary_s": t_canary, "time/step_s": step_s,
               "sft/tokens_per_s": learn["learn/tokens"] / t_learn if t_learn else 0.0}
@@ -284,15 +268,13 @@ def sft_step(run, step: int, watch) -> dict[str, float]:
 def run_sft(cfg: TrainConfig, run_dir: Path, recipe_dir: Path | None = None) -> dict[str, float]:
     """`rlvr sft`: the cold start alone, into `run_dir` (its model in `run_dir/model`); or, with
     `recipe_dir`, a stage of the recipe in `recipe_dir` (rlvr.recipe)."""
-    from rlvr.config import ConfigError, short_warmup
+    from rlvr.config import ConfigError
     from rlvr.loop import run_steps
     from rlvr.run import build
 
     if cfg.sft.steps < 1:
         raise ConfigError("sft.steps: rlvr sft needs >= 1 (the optimizer steps of the cold start)")
-    if warning := short_warmup(cfg.sft.steps, cfg.sft.warmup_steps, "sft.steps", "sft.warmup_steps"):
-        log.warning("cold start: %s", warning)
     t_start = time.perf_counter()
-    run = build(stage_config(cfg), run_dir, "sft",
+    run = build(cfg, run_dir, "sft",
                 wrap_task=lambda task, tokenizer, tools: Demonstrations(task, cfg, tokenizer, tools))
     return run_steps(run, run_dir, sft_step, t_start, "cold start", recipe_dir)

@@ -31,7 +31,7 @@ import torch
 from rlvr import distributed
 from rlvr.algorithms import advantages
 from rlvr.algorithms.losses import kl_penalty, overlong_penalty
-from rlvr.config import TrainConfig, short_warmup
+from rlvr.config import TrainConfig
 from rlvr.data import Task
 from rlvr.learner import Learner, make_batch
 from rlvr.loop import Watch, run_steps, sync
@@ -200,8 +200,5 @@ def run_rl(cfg: TrainConfig, run_dir: Path, recipe_dir: Path | None = None) -> d
 
     Across processes every rank runs this whole function (rlvr.distributed: rollouts split and shared,
     the learner sharded); rank 0 alone writes into `run_dir`."""
-    if warning := short_warmup(cfg.trainer.max_steps, cfg.optim.warmup_steps, "trainer.max_steps",
-                               "optim.warmup_steps"):
-        log.warning("RL: %s", warning)
     t_start = time.perf_counter()
     return run_steps(build(cfg, run_dir), run_dir, rl_step, t_start, recipe_dir=recipe_dir)

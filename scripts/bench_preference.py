@@ -79,14 +79,13 @@ def rlvr_variant(overrides: list[str], data: Path, steps: int, warmup: int, n: i
     from rlvr.algorithms.objective import Preference, PreferenceConfig
     from rlvr.learner import Learner, make_batch
     from rlvr.learner.precision import resolve
-    from rlvr.preference import stage_config
     from rlvr.records import Prompt, Rollout
 
-    cfg = stage_config(config(overrides))
+    cfg = config(overrides)
     blob = json.loads(data.read_text())
     precision = resolve(cfg.learner.precision, cfg.rollout.dtype, None, "cpu")
     learner = Learner(Path(blob["model"]), cfg.optim, cfg.algorithm, cfg.learner, 1.0, cfg.rollout.max_tokens, "cpu",
-                      precision, with_reference=True)
+                      precision, schedule=cfg.schedule("dpo"), with_reference=True)
     objective = Preference(PreferenceConfig("dpo", 0.1))
     times, tokens = [], []
     for step in range(steps):

@@ -69,13 +69,12 @@ def rlvr_variant(overrides: list[str], data: Path, steps: int, warmup: int) -> d
     from rlvr.learner import Learner, make_batch
     from rlvr.learner.precision import resolve
     from rlvr.records import Prompt, Rollout
-    from rlvr.sft import stage_config
 
-    cfg = stage_config(config(overrides))
+    cfg = config(overrides)
     blob = json.loads(data.read_text())
     precision = resolve(cfg.learner.precision, cfg.rollout.dtype, None, "cpu")
     learner = Learner(Path(blob["model"]), cfg.optim, cfg.algorithm, cfg.learner, 1.0, cfg.rollout.max_tokens, "cpu",
-                      precision)
+                      precision, schedule=cfg.schedule("sft"), shared_prefix=cfg.sft.packing)
     demos = [Rollout(Prompt([], ""), k, r["prompt_ids"], r["completion_ids"], [0.0] * len(r["completion_ids"]), "",
                      "stop", completion_mask=r["mask"]) for k, r in enumerate(blob["rows"])]
     B = cfg.sft.batch_size

@@ -170,12 +170,11 @@ def test_rlvr_sft_needs_steps(tmp_path, cache_dir):
 
 def _one_step(tiny_path, cache_dir, packing: bool) -> tuple[float, dict[str, torch.Tensor]]:
     from rlvr.learner import Learner, make_batch
-    from rlvr.sft import stage_config
 
-    cfg = stage_config(compose_config([*TINY, "sft.lr=1e-3", "sft.warmup_steps=0", f"sft.packing={packing}",
-                                       "learner.micro_batch_size=3"], cache_dir))
+    cfg = compose_config([*TINY, "sft.lr=1e-3", "sft.warmup_steps=0", "learner.micro_batch_size=3"], cache_dir)
     torch.manual_seed(0)
-    learner = Learner(tiny_path, cfg.optim, cfg.algorithm, cfg.learner, 1.0, 48, "cpu")
+    learner = Learner(tiny_path, cfg.optim, cfg.algorithm, cfg.learner, 1.0, 48, "cpu", schedule=cfg.schedule("sft"),
+                      shared_prefix=packing)
     demos = _demonstrations(tiny_path, TINY, cache_dir).next(8)
     out = learner.step(make_batch(sorted(demos, key=lambda r: len(r.completion_ids)), learner.policy.pad_id), objective.SFT())
     return out["loss"], {k: v.detach().clone() for k, v in learner.policy.model.named_parameters()}

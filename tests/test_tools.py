@@ -164,7 +164,7 @@ def tool_model(tmp_path_factory, tiny_path) -> Path:
     from transformers import AutoTokenizer
 
     from rlvr.learner import Learner
-    from rlvr.sft import Demonstrations, stage_config
+    from rlvr.sft import Demonstrations
 
     folder = tmp_path_factory.mktemp("tool_model")
     rows = [{"messages": [*_prompt(a, b).messages,
@@ -173,12 +173,12 @@ def tool_model(tmp_path_factory, tiny_path) -> Path:
                           {"role": "tool", "content": str(a * b)},
                           {"role": "assistant", "content": f"<answer>{a * b}</answer>"}]} for a, b in TAUGHT]
     (folder / "demos.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    cfg = stage_config(compose_config(["tools=calculator", f"sft.data={folder / 'demos.jsonl'}", "sft.lr=3e-3",
-                                       "sft.warmup_steps=0"]))
+    cfg = compose_config(["tools=calculator", f"sft.data={folder / 'demos.jsonl'}", "sft.lr=3e-3", "sft.warmup_steps=0"])
     tok = AutoTokenizer.from_pretrained(tiny_path)
     demos = Demonstrations(TASK, cfg, tok, build_tools(cfg.tools, cfg.rollout))  # the calculator of configs/tools/
     torch.manual_seed(0)
-    learner = Learner(tiny_path, cfg.optim, cfg.algorithm, cfg.learner, 1.0, 64, "cpu")
+    learner = Learner(tiny_path, cfg.optim, cfg.algorithm, cfg.learner, 1.0, 64, "cpu", schedule=cfg.schedule("sft"),
+                      shared_prefix=cfg.sft.packing)
     for _ in range(120):
         loss = learner.step(make_batch(demos.next(len(rows)), learner.policy.pad_id), SFT())["loss"]
     assert loss < 0.1

@@ -17,7 +17,7 @@ import torch
 from rlvr import distributed
 from rlvr.algorithms.losses import Normaliser, tis_weight
 from rlvr.algorithms.objective import RL, Fixed, LossStats, Objective, PolicyLossConfig
-from rlvr.config import AlgorithmConfig, LearnerConfig, LoraConfig, OptimConfig
+from rlvr.config import AlgorithmConfig, LearnerConfig, LoraConfig, OptimConfig, Schedule
 from rlvr.learner.policy import Policy
 from rlvr.learner.precision import Precision
 from rlvr.learner.scoring import Scorer
@@ -26,13 +26,13 @@ from rlvr.records import Batch
 log = logging.getLogger(__name__)
 
 
-def make_optimizer(model: torch.nn.Module, optim: OptimConfig):
+def make_optimizer(model: torch.nn.Module, optim: OptimConfig, lr: float, warmup: int):
     """AdamW over what trains (every weight, or with LoRA the adapters alone: only they get optimizer
-    state), and its schedule: linear warmup over `optim.warmup_steps` RL steps, then constant.
-    torch's fused AdamW: one pass over each tensor instead of one per operation."""
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=optim.lr,
+    state) at `lr`, with `optim`'s betas and weight decay, and its schedule: linear warmup over `warmup`
+    steps of the stage, then constant. torch's fused AdamW: one pass over each tensor instead of one
+    per operation."""
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr,
                                   betas=tuple(optim.betas), weight_decay=optim.weight_decay, fused=True)
-    warmup = optim.warmup_steps
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup > 0 else 1.0)
     return optimizer, scheduler
@@ -46,20 +46,26 @@ class Learner:
     def __init__(self, model_path: Path, optim: OptimConfig, algorithm: AlgorithmConfig, learner: LearnerConfig,
                  temperature: float, max_tokens: int, device: str, precision: Precision | None = None,
                  reference_path: Path | None = None, lora: LoraConfig | None = None,
-                 adapter_path: Path | None = None, with_reference: bool = False):
+                 adapter_path: Path | None = None, with_reference: bool | None = None,
+                 schedule: Schedule | None = None, shared_prefix: str | bool | None = None):
         """`model_path`: the policy to train (a resumed run's checkpoint); `reference_path`: the initial
         model a KL term is measured against (default: `model_path`); `precision`: fp32 when None.
         With `lora` (`model.lora`, r > 0), `model_path` is the frozen base and adapters train on it,
-        starting from those saved in `adapter_path` when given (a resumed run). `with_reference`: load the
-        frozen reference even without a KL term (a DPO stage's objective needs it)."""
+        starting from those saved in `adapter_path` when given (a resumed run). `with_reference`: whether to
+        load the frozen reference (None: when `algorithm` has a KL term; a DPO stage's objective needs it).
+        `schedule`: the stage's learning rate and warm-up (None: `optim`'s); `shared_prefix`: the stage's
+        setting of the shared-prefix forward (None: `learner.shared_prefix`; the cold start's packing)."""
         bf16 = precision is not None and precision.bf16
         self.policy = Policy(model_path, device, learner.compile, bf16, reference_path,
-                             with_reference=with_reference or algorithm.kl.coef > 0 or algorithm.kl.reward_coef > 0,
+                             with_reference=algorithm.kl.coef > 0 or algorithm.kl.reward_coef > 0
+                             if with_reference is None else with_reference,
                              lora=lora, adapter_path=adapter_path)
-        self.scorer = Scorer(self.policy, learner.micro_batch_size, learner.shared_prefix, algorithm.group_size,
+        self.shared_prefix_setting = learner.shared_prefix if shared_prefix is None else shared_prefix
+        self.scorer = Scorer(self.policy, learner.micro_batch_size, self.shared_prefix_setting, algorithm.group_size,
                              temperature, bf16)
         self.algo, self.optim_cfg, self.max_tokens = algorithm, optim, max_tokens
-        self.optimizer, self.scheduler = make_optimizer(self.policy.model, optim)
+        lr, warmup = (optim.lr, optim.warmup_steps) if schedule is None else (schedule.lr, schedule.warmup_steps)
+        self.optimizer, self.scheduler = make_optimizer(self.policy.model, optim, lr, warmup)
         # The sampler/learner mismatch is larger in bf16: there the old policy defaults to the learner's
         # own logprobs, with TIS weights capped at 2, unless algorithm.tis_cap says otherwise.
         self.tis_cap = algorithm.tis_cap if algorithm.tis_cap is not None or not bf16 else 2.0
@@ -73,7 +79,7 @@ class Learner:
         forward, key = ("packing", "sft.packing") if cold_start else ("shared-prefix forward", "learner.shared_prefix")
         tis = "; TIS cap 2.0 for the bf16 mismatch" if self.tis_cap != self.algo.tis_cap and not cold_start else ""
         return (f"{po.device}, {'bf16-mixed' if sc.bf16 else 'fp32'} (float32 master weights); {forward} "
-                f"{'on' if sc.shared_prefix else 'off'} ({key}={learner.shared_prefix}: {sc.shared_prefix_why}); "
+                f"{'on' if sc.shared_prefix else 'off'} ({key}={self.shared_prefix_setting}: {sc.shared_prefix_why}); "
                 f"decoder layers {'compiled, the first step compiling them' if po.compiled else 'eager'} "
                 f"(learner.compile={learner.compile}: {po.compile_why}){tis}")
 
