@@ -54,8 +54,8 @@ def main() -> None:
     parser.add_argument("overrides", nargs="*", help="more overrides for every run")
     args = parser.parse_args()
     done: dict[tuple[str, int], Path] = {}
-    for arm in args.arms:
-        for seed in args.seeds:
+    for seed in args.seeds:  # (seed by seed: a study cut short has whole seeds)
+        for arm in args.arms:
             run_dir = args.out / arm / f"seed-{seed}"
             if not (run_dir / "summary.json").is_file():
                 if args.report_only:
