@@ -32,6 +32,8 @@ def alone(source: str) -> list[str]:
 
 
 def accuracy(run_dir: Path, source: str, mixture: bool) -> float:
+    """The source's held-out accuracy after the stage written in `run_dir` (the recipe's RL; its cold start's
+    in `run_dir / "sft"`)."""
     final = json.loads((run_dir / "summary.json").read_text())["final_eval"]
     return final[f"eval/{source}/accuracy" if mixture else "eval/accuracy"]
 
@@ -67,8 +69,9 @@ def main() -> None:
                 print(" ".join(command), flush=True)
                 subprocess.run(command, check=True)
             done[arm, seed] = run_dir
-    print("\n| source | seed | alone | in the mixture | alone − mixture | wall time alone / mixture (min) |")
-    print("|---|---|---|---|---|---|")
+    print("\n| source | seed | after the cold start, alone / in the mixture | after RL, alone | after RL, in the mixture "
+          "| alone − mixture | wall time alone / mixture (min) |")
+    print("|---|---|---|---|---|---|---|")
     for source in SOURCES:
         pairs = []
         for seed in args.seeds:
@@ -76,10 +79,12 @@ def main() -> None:
                 a = accuracy(done[source, seed], source, False)
                 m = accuracy(done["mixture", seed], source, True)
                 pairs.append((a, m))
-                print(f"| {source} | {seed} | {a:.3f} | {m:.3f} | {a - m:+.3f} | "
+                cold = (f"{accuracy(done[source, seed] / 'sft', source, False):.3f} / "
+                        f"{accuracy(done['mixture', seed] / 'sft', source, True):.3f}")
+                print(f"| {source} | {seed} | {cold} | {a:.3f} | {m:.3f} | {a - m:+.3f} | "
                       f"{minutes(done[source, seed]):.1f} / {minutes(done['mixture', seed]):.1f} |")
         if pairs:
-            print(f"| {source} | mean ± sd | {mean_sd([a for a, _ in pairs])} | {mean_sd([m for _, m in pairs])} | "
+            print(f"| {source} | mean ± sd | | {mean_sd([a for a, _ in pairs])} | {mean_sd([m for _, m in pairs])} | "
                   f"{mean_sd([a - m for a, m in pairs])} | |")
 
 
