@@ -601,7 +601,19 @@ class Schedule:
     warmup_key: str
 
     def short_warmup(self) -> str | None:
-        return short_warmup(self.steps, self.warmup_steps, self.steps_key, self.warmup_key)
+        """The warning a stage deserves when it never reaches its learning rate (its warm-up is longer
+        than the stage), else None.
+
+        >>> print(Schedule(5, 1e-4, 10, 0, 0, "sft.steps", "sft.warmup_steps").short_warmup())
+        sft.warmup_steps=10 is longer than sft.steps=5: the learning rate never gets above 50% of its value (linear warm-up); set sft.warmup_steps to at most 5
+        >>> Schedule(10, 1e-4, 10, 0, 0, "sft.steps", "sft.warmup_steps").short_warmup() is None
+        True
+        """
+        steps, warmup, key = self.steps, self.warmup_steps, self.warmup_key
+        if steps < 1 or warmup <= steps:
+            return None
+        return (f"{key}={warmup} is longer than {self.steps_key}={steps}: the learning rate never gets above "
+                f"{steps / warmup:.0%} of its value (linear warm-up); set {key} to at most {steps}")
 
 
 # Keys that moved when `trainer` was split by concern: the old name -> the new one.
@@ -688,18 +700,3 @@ def need(ok: bool, key: str, why: str) -> None:
 
 
 STAGES = {"sft": "cold start", "dpo": "preference stage", "rl": "RL"}  # the stages a recipe may list (rlvr.recipe)
-
-
-def short_warmup(steps: int, warmup: int, steps_key: str, warmup_key: str) -> str | None:
-    """The warning a stage of `steps` optimizer steps with `warmup` steps of linear warm-up deserves
-    when it never reaches its learning rate (the warm-up is longer than the stage), else None.
-
-    >>> print(short_warmup(5, 10, "sft.steps", "sft.warmup_steps"))
-    sft.warmup_steps=10 is longer than sft.steps=5: the learning rate never gets above 50% of its value (linear warm-up); set sft.warmup_steps to at most 5
-    >>> short_warmup(10, 10, "sft.steps", "sft.warmup_steps") is None
-    True
-    """
-    if steps < 1 or warmup <= steps:
-        return None
-    return (f"{warmup_key}={warmup} is longer than {steps_key}={steps}: the learning rate never gets above "
-            f"{steps / warmup:.0%} of its value (linear warm-up); set {warmup_key} to at most {steps}")
