@@ -396,6 +396,8 @@ class SftConfig:
     packing: bool = MISSING
     eval_every: int = MISSING
     save_every: int = MISSING
+    plateau_patience: int = MISSING
+    plateau_gain: float = MISSING
 
     def check(self) -> None:
         need(self.steps >= 0, "sft.steps", f"must be >= 0 (0: no cold start), got {self.steps}")
@@ -403,6 +405,11 @@ class SftConfig:
         need(self.lr > 0, "sft.lr", "must be > 0")
         need(self.warmup_steps >= 0 and self.eval_every >= 0 and self.save_every >= 0, "sft.warmup_steps",
              "warmup_steps, eval_every and save_every must be >= 0")
+        need(self.plateau_patience >= 0, "sft.plateau_patience",
+             f"must be >= 0 (0: the cold start runs all sft.steps), got {self.plateau_patience}")
+        need(self.plateau_gain >= 0, "sft.plateau_gain", f"must be >= 0, got {self.plateau_gain}")
+        need(not self.plateau_patience or self.eval_every > 0, "sft.plateau_patience",
+             "the plateau is watched at the evaluations: set sft.eval_every > 0 too")
 
 
 @dataclass

@@ -4,6 +4,7 @@ final evaluation, summary, curves and model; and the `Watch` that checks each st
 
 from __future__ import annotations
 
+import json
 import logging
 import signal
 import time
@@ -14,7 +15,7 @@ from typing import Any
 from rlvr import checkpoint, distributed, models
 from rlvr.config import Schedule
 from rlvr.errors import RlvrError
-from rlvr.evaluate import greedy
+from rlvr.evaluate import greedy, sampled
 from rlvr.metrics import StepMetrics, sample_record
 from rlvr.monitor import DegenerationMonitor
 from rlvr.plot import plot
@@ -29,13 +30,15 @@ class TrainingError(RlvrError, RuntimeError):
 
 
 def run_steps(run: Run, run_dir: Path, step: Callable[[Run, int, Watch], dict[str, float]], t_start: float,
-              what: str = "RL", recipe_dir: Path | None = None) -> dict[str, float]:
+              what: str = "RL", recipe_dir: Path | None = None, until: Plateau | None = None) -> dict[str, float]:
     """The loop around a stage's `step` (rlvr.train.rl_step, rlvr.sft.sft_step, rlvr.preference.dpo_step),
     which runs step k of `run`, logs its record, has the `Watch` check it, and returns the record. First the proof that the engine serves
     the learner's weights and the first evaluation (or a resumed run's state); then the steps from `run.start + 1` to the stage's last (`run.schedule`),
     with evaluations and checkpoints as `trainer.*` says and a clean stop on SIGINT/SIGTERM; then the
     final evaluation, summary.json, curves.png and the model. Closes the run. `recipe_dir`: the run dir of
     the recipe this stage is the cold start of (a stopped stage says how to resume the whole recipe).
+    `until`: the stage also ends at the evaluation where this plateau is reached (its last evaluation
+    is then the final one).
     """
     s, learner, logger = run.schedule, run.learner, run.logger
     watch = Watch(run, run_dir, recipe_dir)
@@ -44,8 +47,10 @@ def run_steps(run: Run, run_dir: Path, step: Callable[[Run, int, Watch], dict[st
         run.canary.expect(learner.policy.named_weights(run.precision.engine_torch_dtype))
         run.canary.check(run.engine, learner.scorer.sequence_logprobs)
         if run.start == 0:
-            first_eval = evaluate(run)
+            first_eval = evaluate(run, until)
             logger.log(0, first_eval)
+            if until is not None:
+                until.reached(0, first_eval)  # (a model that passes already counts from here)
         else:
             log.info("resumed from %s at step %d", run.resume, run.start)
             first_eval = distributed.on_rank0(logger.first_record)
@@ -56,25 +61,35 @@ def run_steps(run: Run, run_dir: Path, step: Callable[[Run, int, Watch], dict[st
                         f"Continue with the same command plus {watch.resume_with(run.resume)}"
                         if run.resume or recipe_dir else "")
             raise SystemExit(128 + stop.signal)
-        for k in range(run.start + 1, s.steps + 1):
+        last, final_eval = s.steps, None
+        if run.start and until is not None and until.replay(run_dir / "metrics.jsonl", run.start):
+            last, final_eval = run.start, until.ended  # (resumed where it had ended: logged already)
+        for k in range(run.start + 1, last + 1):
             record = step(run, k, watch)
-            if evaluation_follows(s, k) and k < s.steps:  # (the last step's: the final evaluation below)
-                logger.log(k, evaluate(run))
+            evaluation = evaluate(run, until) if evaluation_follows(s, k) else None
+            if evaluation is not None and k < s.steps:  # (the last step's is logged once its checkpoint is)
+                logger.log(k, evaluation)
+                if until is not None and distributed.global_max(float(until.reached(k, evaluation))):
+                    last = k
             saved = None
-            if s.save_every and (k % s.save_every == 0 or k == s.steps):
+            if s.save_every and (k % s.save_every == 0 or k == last):
                 saved = watch.save(k)
             if _stop_asked(stop):
                 saved = saved or watch.save(k)
                 log.warning("stopped after step %d by %s. Continue with the same command plus %s", k,
                             signal.Signals(stop.signal).name, watch.resume_with(saved))
                 raise SystemExit(128 + stop.signal)
-
-        final_eval = evaluate(run)
-        logger.log(s.steps, final_eval)
-        logger.write_summary({"steps": s.steps, "wall_s": time.perf_counter() - t_start,
+            if k == last:
+                final_eval = evaluation
+                break
+        if final_eval is None:  # (also a run resumed after its last step, before its evaluation)
+            final_eval = evaluate(run, until)
+        if last == s.steps:
+            logger.log(last, final_eval)
+        logger.write_summary({"steps": last, "wall_s": time.perf_counter() - t_start,
                               "first_eval": first_eval, "final_eval": final_eval, "last_step": record})
         log.info("%s: eval accuracy %.3f -> %.3f over %d steps", what, first_eval["eval/accuracy"],
-                 final_eval["eval/accuracy"], s.steps)
+                 final_eval["eval/accuracy"], last)
         if distributed.rank() == 0:
             plot([run_dir], run_dir / "curves.png")
         if run.cfg.trainer.save_model or run.stage != "rl":  # (what a cold start or preference stage is for)
@@ -112,9 +127,59 @@ def _stop_asked(stop: GracefulStop) -> bool:
     return bool(asked)
 
 
-def evaluate(run: Run) -> dict[str, float]:
-    """Greedy accuracy on the held-out prompts (eval/... metrics)."""
-    return greedy(run.generate, run.eval_prompts, run.eval_ids, run.rewards)[0]
+def evaluate(run: Run, until: Plateau | None = None) -> dict[str, float]:
+    """Greedy accuracy on the held-out prompts (eval/... metrics); with `until`, also the sampled
+    pass@n its plateau watches."""
+    out = greedy(run.generate, run.eval_prompts, run.eval_ids, run.rewards)[0]
+    if until is not None:
+        out.update(sampled(run.generate, run.eval_prompts, run.eval_ids, run.rewards, until.n, [until.n],
+                           run.cfg.seed)[0])
+    return out
+
+
+class Plateau:
+    """Where a stage ends before its last step: when the held-out pass@n (`n` answers sampled a prompt,
+    at least one right) has risen by less than `gain` over its best for `patience` evaluations in a
+    row. The count starts once pass@n first rises by `gain` (from 0, before anything is learned).
+    The cold start's use (`sft.plateau_patience`): at the RL group size, the share of prompts RL can
+    learn from or has learned stops growing.
+
+    >>> p = Plateau(n=8, patience=2, gain=0.02)
+    >>> [p.reached(k, {"eval/pass@8": v}) for k, v in enumerate([0.0, 0.0, 0.30, 0.50, 0.51, 0.515, 0.60])]
+    [False, False, False, False, False, True, False]
+    """
+
+    def __init__(self, n: int, patience: int, gain: float):
+        self.n, self.patience, self.gain = n, patience, gain
+        self.key = f"eval/pass@{n}"
+        self.best, self.flat = 0.0, 0  # the best pass@n so far; evaluations in a row without a rise since
+        self.ended: dict[str, float] | None = None  # the evaluation where a resumed run had reached it
+
+    def reached(self, step: int, evaluation: dict[str, float]) -> bool:
+        """Count the evaluation after `step`; whether the plateau is reached (said in the log)."""
+        value = evaluation[self.key]
+        if value >= self.best + self.gain:
+            self.best, self.flat = value, 0
+        elif self.best > 0:
+            self.flat += 1
+        if self.flat < self.patience:
+            return False
+        log.info("%s %.3f after step %d: below %.3f + %g for %d evaluations in a row; the stage ends here",
+                 self.key, value, step, self.best, self.gain, self.flat)
+        return True
+
+    def replay(self, metrics: Path, start: int) -> bool:
+        """Count again the evaluations a resumed run logged up to its checkpoint at step `start` (its
+        metrics.jsonl); whether the plateau was reached there (the evaluation is then `ended`)."""
+        if not metrics.is_file():  # (another process's disk: it counts from here)
+            return False
+        with open(metrics) as f:
+            records = [r for r in map(json.loads, f) if self.key in r and r["step"] <= start]
+        for record in records:
+            if self.reached(record["step"], record):
+                self.ended = {k: v for k, v in record.items() if k != "step"}
+                return record["step"] == start
+        return False
 
 
 class Watch:

@@ -269,7 +269,7 @@ def run_sft(cfg: TrainConfig, run_dir: Path, recipe_dir: Path | None = None) -> 
     """`rlvr sft`: the cold start alone, into `run_dir` (its model in `run_dir/model`); or, with
     `recipe_dir`, a stage of the recipe in `recipe_dir` (rlvr.recipe)."""
     from rlvr.config import ConfigError
-    from rlvr.loop import run_steps
+    from rlvr.loop import Plateau, run_steps
     from rlvr.run import build
 
     if cfg.sft.steps < 1:
@@ -277,4 +277,6 @@ def run_sft(cfg: TrainConfig, run_dir: Path, recipe_dir: Path | None = None) -> 
     t_start = time.perf_counter()
     run = build(cfg, run_dir, "sft",
                 wrap_task=lambda task, tokenizer, tools: Demonstrations(task, cfg, tokenizer, tools))
-    return run_steps(run, run_dir, sft_step, t_start, "cold start", recipe_dir)
+    s = cfg.sft
+    until = Plateau(cfg.algorithm.group_size, s.plateau_patience, s.plateau_gain) if s.plateau_patience else None
+    return run_steps(run, run_dir, sft_step, t_start, "cold start", recipe_dir, until)

@@ -1,5 +1,6 @@
-"""Rewards that take their time, for the signal tests; importable by dotted path from reward workers
-and from the CLI (with the repository on PYTHONPATH)."""
+"""Rewards of the tests' own: ones that take their time (the signal tests) and one that any answer
+earns; importable by dotted path from reward workers and from the CLI (with the repository on
+PYTHONPATH)."""
 
 from __future__ import annotations
 
@@ -23,3 +24,8 @@ def stall(completion: str, prompt, gate: str, started: str, seconds: float = 360
             Path(started).touch(exist_ok=False)
             time.sleep(seconds)
     return 0.0
+
+
+def answered(completion: str, prompt) -> float:
+    """1.0 for any answer that is not blank: a task every sample passes, whatever the model learned."""
+    return float(bool(completion.strip()))

@@ -20,7 +20,7 @@ from rlvr.data.multiplication import MultiplicationTask, written_out
 from rlvr.rollout.multiturn import ToolRollouts, build_tools
 from rlvr.sft import Demonstrations, SftDataError
 
-from .conftest import cli_here, compose_config, run_cli
+from .conftest import REPO, cli_here, compose_config, run_cli
 from .test_checkpoint import _start, _wait_for_step
 
 TINY = ["+experiment=multiplication", "model=tiny", "data.eval_size=4", "rollout.max_tokens=48"]
@@ -230,6 +230,59 @@ def test_rlvr_sft_learns_the_demonstrations_and_rlvr_train_starts_from_its_model
     # a run shorter than trainer.samples_every (5) still writes its samples, after its last step (4)
     samples = [json.loads(x) for x in (tmp_path / "rl" / "samples.jsonl").read_text().splitlines()]
     assert samples and {s["step"] for s in samples} == {4}
+
+
+def _evaluations(run_dir: Path) -> list[dict]:
+    return [r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if "eval/accuracy" in r]
+
+
+@pytest.mark.slow
+def test_the_cold_start_ends_where_pass_at_group_size_stops_rising_and_rl_starts_there(tmp_path, cache_dir):
+    """sft.plateau_patience: every evaluation also samples G answers a held-out prompt; the cold start
+    ends at the first evaluation where pass@G has not risen by plateau_gain over its best (patience 1),
+    writes its model there, and RL starts from it. Every answer passes here (a reward any non-blank
+    answer earns), so pass@G reaches its ceiling at once and the cold start stops at its first
+    evaluation after that, long before sft.steps."""
+    run_dir = tmp_path / "run"
+    result = run_cli(["train", *RECIPE, "sft.steps=12", "sft.eval_every=2", "sft.plateau_patience=1",
+                      "reward.terms.digits._target_=tests.slow_rewards.answered", "trainer.max_steps=2",
+                      f"hydra.run.dir={run_dir}"], cache=cache_dir, extra_env={"PYTHONPATH": str(REPO)})
+    assert result.returncode == 0, result.stderr[-3000:]
+    sft = run_dir / "sft"
+    evals = _evaluations(sft)
+    assert all("eval/pass@4" in e for e in evals)  # at the RL group size, algorithm.group_size=4
+    best, ended = 0.0, None  # the rule, written out: the first evaluation after a rise that does not rise
+    for e in evals:
+        if e["eval/pass@4"] >= best + 0.02:
+            best = e["eval/pass@4"]
+        elif best > 0:
+            ended = e["step"]
+            break
+    assert ended is not None and ended < 12, evals
+    assert [s["step"] for s in _steps(sft)] == list(range(1, ended + 1))  # no step after it
+    assert [e["step"] for e in evals][-1] == ended  # its evaluation is the final one, logged once
+    summary = json.loads((sft / "summary.json").read_text())
+    assert summary["steps"] == ended and summary["final_eval"]["eval/pass@4"] == evals[-1]["eval/pass@4"]
+    assert f"eval/pass@4 {evals[-1]['eval/pass@4']:.3f} after step {ended}" in result.stderr
+    assert (sft / "model" / "config.json").is_file()
+    assert json.loads((run_dir / "manifest.json").read_text())["model_path"] == str(sft / "model")
+    assert [s["step"] for s in _steps(run_dir)] == [1, 2]
+
+
+def test_a_resumed_cold_start_counts_the_evaluations_it_logged_before(tmp_path):
+    """A cold start resumed from a checkpoint counts the pass@G its metrics.jsonl holds up to that step;
+    one resumed where the plateau had been reached ends there, its logged evaluation the final one."""
+    from rlvr.loop import Plateau
+
+    records = [{"step": 0, "eval/pass@4": 0.0}, {"step": 2, "loss": 1.0}, {"step": 2, "eval/pass@4": 0.5},
+               {"step": 4, "eval/pass@4": 0.5, "eval/accuracy": 0.25}, {"step": 6, "eval/pass@4": 0.75}]
+    metrics = _write(tmp_path / "metrics.jsonl", records)
+    before = Plateau(4, patience=2, gain=0.02)
+    assert not before.replay(metrics, 4)  # one flat evaluation of the two the patience asks
+    assert before.reached(6, {"eval/pass@4": 0.51})  # the second: it ends at step 6
+    ended = Plateau(4, patience=1, gain=0.02)
+    assert ended.replay(metrics, 4) and ended.ended == {"eval/pass@4": 0.5, "eval/accuracy": 0.25}
+    assert not Plateau(4, patience=1, gain=0.02).replay(metrics, 2)  # (step 4's came after the checkpoint)
 
 
 def _kill_at(proc, run_dir: Path, step: int) -> None:
