@@ -85,6 +85,10 @@ def test_make_train_runs_dapo_unless_told_otherwise():
     ("trainer.max_steps=0", "trainer.max_steps: must be >= 1"),
     # a bad value is named by its own key, not by another check that happens to trip over it
     ("data.batch_size=0", "data.batch_size: must be >= 1"),
+    ("sft.plateau_patience=-1", "sft.plateau_patience: must be >= 0"),
+    ("sft.plateau_gain=-0.1", "sft.plateau_gain: must be >= 0"),
+    # the plateau is watched at the evaluations: without them it would never be reached
+    ("sft.plateau_patience=2 sft.eval_every=0", "sft.plateau_patience: the plateau is watched at the evaluations"),
 ])
 def test_nonsense_values_are_rejected_with_the_key(override, key):
     with pytest.raises(ConfigError, match=key):
