@@ -62,8 +62,9 @@ def run_steps(run: Run, run_dir: Path, step: Callable[[Run, int, Watch], dict[st
                         if run.resume or recipe_dir else "")
             raise SystemExit(128 + stop.signal)
         last, final_eval = s.steps, None
-        if run.start and until is not None and until.replay(run_dir / "metrics.jsonl", run.start):
-            last, final_eval = run.start, until.ended  # (resumed where it had ended: logged already)
+        if run.start and until is not None:  # (resumed where it had ended: that evaluation, logged already)
+            if (final_eval := until.replay(run_dir / "metrics.jsonl", run.start)) is not None:
+                last = run.start
         for k in range(run.start + 1, last + 1):
             record = step(run, k, watch)
             evaluation = evaluate(run, until) if evaluation_follows(s, k) else None
@@ -153,7 +154,6 @@ class Plateau:
         self.n, self.patience, self.gain = n, patience, gain
         self.key = f"eval/pass@{n}"
         self.best, self.flat = 0.0, 0  # the best pass@n so far; evaluations in a row without a rise since
-        self.ended: dict[str, float] | None = None  # the evaluation where a resumed run had reached it
 
     def reached(self, step: int, evaluation: dict[str, float]) -> bool:
         """Count the evaluation after `step`; whether the plateau is reached (said in the log)."""
@@ -168,18 +168,17 @@ class Plateau:
                  self.key, value, step, self.best, self.gain, self.flat)
         return True
 
-    def replay(self, metrics: Path, start: int) -> bool:
+    def replay(self, metrics: Path, start: int) -> dict[str, float] | None:
         """Count again the evaluations a resumed run logged up to its checkpoint at step `start` (its
-        metrics.jsonl); whether the plateau was reached there (the evaluation is then `ended`)."""
+        metrics.jsonl); the evaluation of `start` if the plateau was reached there, else None."""
         if not metrics.is_file():  # (another process's disk: it counts from here)
-            return False
+            return None
         with open(metrics) as f:
             records = [r for r in map(json.loads, f) if self.key in r and r["step"] <= start]
         for record in records:
             if self.reached(record["step"], record):
-                self.ended = {k: v for k, v in record.items() if k != "step"}
-                return record["step"] == start
-        return False
+                return {k: v for k, v in record.items() if k != "step"} if record["step"] == start else None
+        return None
 
 
 class Watch:

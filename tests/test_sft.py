@@ -278,11 +278,10 @@ def test_a_resumed_cold_start_counts_the_evaluations_it_logged_before(tmp_path):
                {"step": 4, "eval/pass@4": 0.5, "eval/accuracy": 0.25}, {"step": 6, "eval/pass@4": 0.75}]
     metrics = _write(tmp_path / "metrics.jsonl", records)
     before = Plateau(4, patience=2, gain=0.02)
-    assert not before.replay(metrics, 4)  # one flat evaluation of the two the patience asks
+    assert before.replay(metrics, 4) is None  # one flat evaluation of the two the patience asks
     assert before.reached(6, {"eval/pass@4": 0.51})  # the second: it ends at step 6
-    ended = Plateau(4, patience=1, gain=0.02)
-    assert ended.replay(metrics, 4) and ended.ended == {"eval/pass@4": 0.5, "eval/accuracy": 0.25}
-    assert not Plateau(4, patience=1, gain=0.02).replay(metrics, 2)  # (step 4's came after the checkpoint)
+    assert Plateau(4, patience=1, gain=0.02).replay(metrics, 4) == {"eval/pass@4": 0.5, "eval/accuracy": 0.25}
+    assert Plateau(4, patience=1, gain=0.02).replay(metrics, 2) is None  # (step 4's came after the checkpoint)
 
 
 def _kill_at(proc, run_dir: Path, step: int) -> None:
