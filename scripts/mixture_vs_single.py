@@ -16,12 +16,11 @@ from __future__ import annotations
 
 import json
 import statistics
-import subprocess
-import sys
 from argparse import ArgumentParser, RawDescriptionHelpFormatter
 from pathlib import Path
 
-RLVR = str(Path(sys.executable).with_name("rlvr"))
+from study import RLVR, run_once
+
 SOURCES = ("multiplication", "function_picking")
 
 
@@ -59,15 +58,10 @@ def main() -> None:
     for seed in args.seeds:  # (seed by seed: a study cut short has whole seeds)
         for arm in args.arms:
             run_dir = args.out / arm / f"seed-{seed}"
-            if not (run_dir / "summary.json").is_file():
-                if args.report_only:
-                    continue
-                command = [RLVR, "train", "+experiment=mixture", *([] if arm == "mixture" else alone(arm)),
-                           f"seed={seed}", "trainer.save_model=false", *args.overrides, f"hydra.run.dir={run_dir}"]
-                if (run_dir / "metrics.jsonl").exists():
-                    command.append("trainer.resume=auto")
-                print(" ".join(command), flush=True)
-                subprocess.run(command, check=True)
+            command = [RLVR, "train", "+experiment=mixture", *([] if arm == "mixture" else alone(arm)),
+                       f"seed={seed}", "trainer.save_model=false", *args.overrides, f"hydra.run.dir={run_dir}"]
+            if not run_once(command, run_dir, args.report_only):
+                continue
             done[arm, seed] = run_dir
     print("\n| source | seed | after the cold start, alone / in the mixture | after RL, alone | after RL, in the mixture "
           "| alone − mixture | wall time alone / mixture (min) |")

@@ -24,11 +24,10 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
-import sys
 from pathlib import Path
 
-RLVR = str(Path(sys.executable).with_name("rlvr"))
+from study import RLVR, run_once
+
 EXPERIMENT = "+experiment=multiplication_4x2_sft"
 COLD_START = ["sft.eval_every=50", "sft.plateau_patience=2", "sft.save_every=50"]
 ARMS = {"base": [], "hot": ["rollout.temperature=1.2"], "g16": ["data.batch_size=8", "algorithm.group_size=16"],
@@ -37,16 +36,6 @@ ARMS = {"base": [], "hot": ["rollout.temperature=1.2"], "g16": ["data.batch_size
 
 def _records(run_dir: Path) -> list[dict]:
     return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-
-
-def _run(command: list[str], run_dir: Path) -> None:
-    """Run `command` into `run_dir` unless it finished there; continue it if it was cut off."""
-    if (run_dir / "summary.json").is_file():
-        return
-    if (run_dir / "metrics.jsonl").exists():
-        command = [*command, "trainer.resume=auto"]
-    print(" ".join(command), flush=True)
-    subprocess.run(command, check=True)
 
 
 def main() -> None:
@@ -61,13 +50,13 @@ def main() -> None:
     if not args.report_only:
         for seed in args.seeds:
             cold = args.out / f"seed-{seed}" / "sft"
-            _run([RLVR, "sft", EXPERIMENT, *COLD_START, f"seed={seed}", *args.overrides, f"hydra.run.dir={cold}"], cold)
+            run_once([RLVR, "sft", EXPERIMENT, *COLD_START, f"seed={seed}", *args.overrides, f"hydra.run.dir={cold}"], cold)
             for arm in args.arms:
                 run_dir = args.out / f"seed-{seed}" / arm
-                _run([RLVR, "train", EXPERIMENT, "recipe=[rl]", "sft.steps=0", "model=local",
-                      f"model.path={(cold / 'model').resolve()}", f"trainer.max_steps={args.steps}",
-                      "trainer.save_model=false", f"seed={seed}", *ARMS[arm], *args.overrides,
-                      f"hydra.run.dir={run_dir}"], run_dir)
+                run_once([RLVR, "train", EXPERIMENT, "recipe=[rl]", "sft.steps=0", "model=local",
+                          f"model.path={(cold / 'model').resolve()}", f"trainer.max_steps={args.steps}",
+                          "trainer.save_model=false", f"seed={seed}", *ARMS[arm], *args.overrides,
+                          f"hydra.run.dir={run_dir}"], run_dir)
 
     print("\n| seed | cold start: held-out accuracy / pass@8 (step: greedy / pass@8) | ended at step | wall time (min) |\n"
           "|---|---|---|---|")

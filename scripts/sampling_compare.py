@@ -20,12 +20,11 @@ from __future__ import annotations
 import json
 import random
 import statistics
-import subprocess
-import sys
 from argparse import ArgumentParser, RawDescriptionHelpFormatter
 from pathlib import Path
 
-RLVR = str(Path(sys.executable).with_name("rlvr"))
+from study import RLVR, run_once
+
 DIGITS = [(1, 1), (2, 1), (2, 2), (3, 2), (4, 2)]
 # `make train`'s experiment (+experiment=multiplication) but for its data
 MAKE_TRAIN = ["data.batch_size=4", "algorithm.group_size=8", "rollout.temperature=0.7", "rollout.max_tokens=48",
@@ -72,18 +71,13 @@ def main() -> None:
     for arm in args.arms:
         for seed in args.seeds:
             run_dir = args.out / arm / f"seed-{seed}"
-            if not (run_dir / "summary.json").is_file():
-                if args.report_only:
-                    continue
-                command = [RLVR, "train", "algorithm=dapo", "data=jsonl", f"data.path={problems.resolve()}",
-                           "data.prompt_key=question", "data.eval_size=100", "data.system_prompt=null",
-                           "reward=multiplication", f"data.sampling.mode={arm}", *MAKE_TRAIN, f"trainer.max_steps={args.steps}",
-                           "trainer.eval_every=5", "trainer.save_model=false", f"seed={seed}", *args.overrides,
-                           f"hydra.run.dir={run_dir}"]
-                if (run_dir / "metrics.jsonl").exists():
-                    command.append("trainer.resume=auto")
-                print(" ".join(command), flush=True)
-                subprocess.run(command, check=True)
+            command = [RLVR, "train", "algorithm=dapo", "data=jsonl", f"data.path={problems.resolve()}",
+                       "data.prompt_key=question", "data.eval_size=100", "data.system_prompt=null",
+                       "reward=multiplication", f"data.sampling.mode={arm}", *MAKE_TRAIN, f"trainer.max_steps={args.steps}",
+                       "trainer.eval_every=5", "trainer.save_model=false", f"seed={seed}", *args.overrides,
+                       f"hydra.run.dir={run_dir}"]
+            if not run_once(command, run_dir, args.report_only):
+                continue
             done[arm, seed] = run_dir
     levels = [f"{a}x{b}" for a, b in DIGITS]
     print(f"\n| arm | seed | held-out accuracy at each evaluation (step: accuracy) | first step ≥ {args.target} | "

@@ -17,11 +17,9 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
-import sys
 from pathlib import Path
 
-RLVR = str(Path(sys.executable).with_name("rlvr"))
+from study import RLVR, run_once
 
 
 def arms(steps: int) -> dict[str, list[str]]:
@@ -57,16 +55,11 @@ def main() -> None:
     for arm in args.arms:
         for seed in args.seeds:
             run_dir = args.out / arm / f"seed-{seed}"
-            if not (run_dir / "summary.json").is_file():
-                if args.report_only:
-                    continue
-                command = [RLVR, "train", f"+experiment={args.experiment}", "model=local",
-                           f"model.path={args.cold_start.resolve()}", "sft.steps=0", *arms(args.steps)[arm],
-                           f"seed={seed}", *args.overrides, f"hydra.run.dir={run_dir}"]
-                if (run_dir / "metrics.jsonl").exists():
-                    command.append("trainer.resume=auto")
-                print(" ".join(command), flush=True)
-                subprocess.run(command, check=True)
+            command = [RLVR, "train", f"+experiment={args.experiment}", "model=local",
+                       f"model.path={args.cold_start.resolve()}", "sft.steps=0", *arms(args.steps)[arm],
+                       f"seed={seed}", *args.overrides, f"hydra.run.dir={run_dir}"]
+            if not run_once(command, run_dir, args.report_only):
+                continue
             stages = [run_dir / "dpo", run_dir] if arm == "dpo_rl" else [run_dir]
             summaries = [_summary(s) for s in stages]
             table[arm, seed] = {"before": summaries[0]["first_eval"]["eval/accuracy"],
