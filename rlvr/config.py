@@ -402,9 +402,7 @@ class SftConfig:
     def check(self) -> None:
         need(self.steps >= 0, "sft.steps", f"must be >= 0 (0: no cold start), got {self.steps}")
         need(self.batch_size >= 1, "sft.batch_size", f"must be >= 1 (demonstrations per step), got {self.batch_size}")
-        need(self.lr > 0, "sft.lr", "must be > 0")
-        need(self.warmup_steps >= 0 and self.eval_every >= 0 and self.save_every >= 0, "sft.warmup_steps",
-             "warmup_steps, eval_every and save_every must be >= 0")
+        need_schedule(self, "sft")
         need(self.plateau_patience >= 0, "sft.plateau_patience",
              f"must be >= 0 (0: the cold start runs all sft.steps), got {self.plateau_patience}")
         need(self.plateau_gain >= 0, "sft.plateau_gain", f"must be >= 0, got {self.plateau_gain}")
@@ -437,9 +435,7 @@ class DpoConfig:
         need(self.beta > 0, "dpo.beta", f"must be > 0, got {self.beta}")
         need(self.batch_size >= 1, "dpo.batch_size", f"must be >= 1 (pairs per step from a dataset), got {self.batch_size}")
         need(self.pairs_per_group >= 1, "dpo.pairs_per_group", f"must be >= 1, got {self.pairs_per_group}")
-        need(self.lr > 0, "dpo.lr", "must be > 0")
-        need(self.warmup_steps >= 0 and self.eval_every >= 0 and self.save_every >= 0, "dpo.warmup_steps",
-             "warmup_steps, eval_every and save_every must be >= 0")
+        need_schedule(self, "dpo")
 
 
 @dataclass
@@ -704,6 +700,15 @@ def need(ok: bool, key: str, why: str) -> None:
     """The check of one key: a ConfigError naming it, saying `why`, unless `ok`."""
     if not ok:
         raise ConfigError(f"{key}: {why}")
+
+
+def need_schedule(stage: SftConfig | DpoConfig, node: str) -> None:
+    """The checks a stage of its own steps shares (`node`: its config node): its learning rate and the
+    steps of its warm-up, evaluations and checkpoints."""
+    need(stage.lr > 0, f"{node}.lr", f"must be > 0, got {stage.lr}")
+    for key in ("warmup_steps", "eval_every", "save_every"):
+        value = getattr(stage, key)
+        need(value >= 0, f"{node}.{key}", f"must be >= 0, got {value}")
 
 
 STAGES = {"sft": "cold start", "dpo": "preference stage", "rl": "RL"}  # the stages a recipe may list (rlvr.recipe)

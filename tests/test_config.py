@@ -87,6 +87,9 @@ def test_make_train_runs_dapo_unless_told_otherwise():
     ("data.batch_size=0", "data.batch_size: must be >= 1"),
     ("sft.plateau_patience=-1", "sft.plateau_patience: must be >= 0"),
     ("sft.plateau_gain=-0.1", "sft.plateau_gain: must be >= 0"),
+    ("sft.save_every=-1", "sft.save_every: must be >= 0"),
+    ("dpo.eval_every=-1", "dpo.eval_every: must be >= 0"),
+    ("dpo.lr=0", "dpo.lr: must be > 0"),
     # the plateau is watched at the evaluations: without them it would never be reached
     ("sft.plateau_patience=2 sft.eval_every=0", "sft.plateau_patience: the plateau is watched at the evaluations"),
 ])
