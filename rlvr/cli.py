@@ -18,8 +18,8 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from rlvr.config import ConfigError, register, typed
-from rlvr.errors import RlvrError
+from rlvr.config import register, typed
+from rlvr.errors import ConfigError, RlvrError
 from rlvr.keys import check_overrides, unknown_keys
 from rlvr.rundir import RunDirError, refuse_early, remove_if_untouched
 

@@ -14,7 +14,9 @@ naming the key, before any model loads. Then each schema checks its own values (
 The groups, by concern: `trainer` (the loop: steps, evaluation, samples, checkpoints), `learner`
 (how the policy computes: precision, compile, micro-batches, shared prefix), `launch` (where it runs:
 device, threads, processes, nodes), `rollout` (generation and its tool turns), `algorithm`, `optim`,
-`model`, `data`, `reward`, `tools`, `logger`, `eval`.
+`model`, `data`, `reward`, `tools`, `logger`, `eval`. The schemas of `data` and `reward` live in
+rlvr.config_data, the words each choice takes in rlvr.choices, and `need` (one key's check) with its
+`ConfigError` in rlvr.errors.
 
 A task with knobs of its own (e.g. multiplication's operand digits) extends `DataConfig` and
 registers under `data/<name>_schema`; its YAML lists that schema first in its defaults. A user's own
@@ -24,44 +26,38 @@ startup (`typed` keeps them in an `OpenDataConfig`).
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from dataclasses import dataclass, field
-from enum import Enum
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from rlvr.errors import RlvrError
-
-
-class Choice(str, Enum):
-    """A config value that is one of a fixed set of words; equal to its word, and printed as it."""
-
-    def __str__(self) -> str:
-        return self.value
-
-    __format__ = str.__format__
-
-
-def _choice(name: str, *values: str) -> type[Choice]:
-    return Choice(name, {v: v for v in values}, module=__name__)  # (names like bf16-mixed need the functional API)
-
-
-Precision = _choice("Precision", "auto", "fp32", "bf16-mixed")
-EngineDtype = _choice("EngineDtype", "auto", "float32", "bfloat16")
-Device = _choice("Device", "auto", "cpu", "cuda", "mps")
-Backend = _choice("Backend", "vllm", "transformers")
-Advantage = _choice("Advantage", "grpo", "dr_grpo", "rloo")
-LossAgg = _choice("LossAgg", "token_mean", "seq_mean_token_mean", "token_sum_norm")
-Ratio = _choice("Ratio", "token", "sequence")
-KLEstimator = _choice("KLEstimator", "k1", "k2", "k3")
-Overlong = _choice("Overlong", "none", "mask", "soft")
-Combine = _choice("Combine", "sum_then_normalise", "normalise_then_sum")
-WandbMode = _choice("WandbMode", "online", "offline", "disabled")
-PreferenceLoss = _choice("PreferenceLoss", "dpo", "simpo")
-Sampling = _choice("Sampling", "uniform", "difficulty")
+from rlvr.choices import (
+    Advantage,
+    Backend,
+    Device,
+    EngineDtype,
+    KLEstimator,
+    LossAgg,
+    Overlong,
+    Precision,
+    PreferenceLoss,
+    Ratio,
+    WandbMode,
+)
+from rlvr.config_data import (
+    BfclDataConfig,
+    DataConfig,
+    FileDataConfig,
+    FunctionPickingDataConfig,
+    MixtureDataConfig,
+    MultiplicationDataConfig,
+    OpenDataConfig,
+    RewardConfig,
+    reward_terms,
+)
+from rlvr.errors import ConfigError, need
 
 
 @dataclass
@@ -83,190 +79,6 @@ class ModelConfig:
     path: str = MISSING
     build: str | None = MISSING
     lora: LoraConfig = field(default_factory=LoraConfig)
-
-
-@dataclass
-class SamplingConfig:
-    """How a step draws its training prompts (`data.sampling`; rlvr.data.sampling)."""
-
-    mode: Sampling = MISSING
-    candidates: int = MISSING
-    rate: float = MISSING
-    retire_after: int = MISSING
-    retire_steps: int = MISSING
-    floor: float = MISSING
-
-    def check(self) -> None:
-        need(self.candidates >= 1, "data.sampling.candidates", f"must be >= 1, got {self.candidates}")
-        need(0 < self.rate <= 1, "data.sampling.rate", f"must be in (0, 1], got {self.rate}")
-        need(self.retire_after >= 1, "data.sampling.retire_after", f"must be >= 1, got {self.retire_after}")
-        need(self.retire_steps >= 0, "data.sampling.retire_steps", f"must be >= 0, got {self.retire_steps}")
-        need(0 < self.floor <= 0.25, "data.sampling.floor",
-             f"must be in (0, 0.25] (the weight at a pass rate of 0.5 is 0.25), got {self.floor}")
-
-
-@dataclass
-class DataConfig:
-    _target_: str = MISSING
-    batch_size: int = MISSING
-    eval_size: int = MISSING
-    system_prompt: str | None = MISSING
-    sampling: SamplingConfig = field(default_factory=SamplingConfig)
-
-    def check(self) -> None:
-        need(self.batch_size >= 1, "data.batch_size", f"must be >= 1 (the prompts per step), got {self.batch_size}")
-        need(self.eval_size >= 1, "data.eval_size",
-             "must be >= 1 (the evaluation and the weight-sync canary use these prompts)")
-        self.sampling.check()
-
-
-@dataclass
-class OpenDataConfig:
-    """A user's task without a schema of its own: the keys rlvr reads itself, and the others (the task's
-    own, passed to its constructor) as the YAML gave them."""
-
-    _target_: str = MISSING
-    batch_size: int = MISSING
-    options: dict[str, Any] = field(default_factory=dict)
-    sampling: SamplingConfig | None = None  # (none in the YAML: uniform)
-
-    @staticmethod
-    def parse(data: dict[str, Any]) -> OpenDataConfig:
-        """`data` as the YAML gave it: its class and prompts per step, and the task's own keys."""
-        for key in ("_target_", "batch_size"):
-            need(key in data, f"data.{key}", "must be set (every task names its class and the prompts per step)")
-        sampling = data.get("sampling")
-        if sampling is not None and not isinstance(sampling, SamplingConfig):
-            keys = [f.name for f in dataclasses.fields(SamplingConfig)]
-            need(isinstance(sampling, dict) and sorted(sampling) == sorted(keys), "data.sampling",
-                 f"takes {', '.join(keys)}, each set: list _sampling in the task's defaults (then override any)")
-            sampling = SamplingConfig(**sampling)
-        return OpenDataConfig(data["_target_"], data["batch_size"],
-                              {k: v for k, v in data.items() if k not in ("_target_", "batch_size", "sampling")},
-                              sampling)
-
-    def check(self) -> None:  # (the task's constructor checks its own keys)
-        need(self.batch_size >= 1, "data.batch_size", f"must be >= 1 (the prompts per step), got {self.batch_size}")
-        if self.sampling is not None:
-            self.sampling.check()
-
-
-@dataclass
-class MultiplicationDataConfig(DataConfig):
-    levels: list[list[int]] = MISSING
-    advance_at: float | None = MISSING
-    window: int = MISSING
-    eval_fraction: float = MISSING
-    template: str = MISSING
-    demonstration: str = MISSING
-
-
-@dataclass
-class FunctionPickingDataConfig(DataConfig):
-    distractors: int = MISSING
-    arguments: str = MISSING
-    eval_fraction: float = MISSING
-    template: str = MISSING
-
-
-@dataclass
-class BfclDataConfig(DataConfig):
-    train: list[str] = MISSING
-    evaluate: list[str] = MISSING
-
-
-@dataclass
-class FileDataConfig(DataConfig):
-    path: str = MISSING
-    format: str = MISSING
-    split: str | None = MISSING
-    prompt_key: str | None = MISSING
-    answer_key: str = MISSING
-    messages_key: str | None = MISSING
-    system_key: str | None = MISSING
-    prompt_template: str = MISSING
-    eval_path: str | None = MISSING
-    eval_split: str | None = MISSING
-    shuffle: bool = MISSING
-    max_prompt_tokens: int | None = MISSING
-
-
-@dataclass
-class MixtureSource:
-    """One source of `data=mixture`: its sampling weight, and the data and reward options it is drawn
-    and scored with (placed by the experiment's defaults)."""
-
-    weight: float = MISSING
-    data: Any = MISSING  # typed by the data option's own schema
-    reward: RewardConfig = MISSING
-
-
-@dataclass
-class MixtureDataConfig:
-    """`data=mixture` (rlvr.data.mixture)."""
-
-    _target_: str = MISSING
-    batch_size: int = MISSING
-    sampling: SamplingConfig = field(default_factory=SamplingConfig)
-    sources: dict[str, MixtureSource] = field(default_factory=dict)
-
-    def check(self) -> None:
-        need(self.batch_size >= 1, "data.batch_size", f"must be >= 1 (the prompts per step), got {self.batch_size}")
-        self.sampling.check()
-        need(len(self.sources) >= 1, "data.sources", "a mixture needs at least one source: add /data@data.sources."
-             "NAME.data and /reward@data.sources.NAME.reward to the experiment's defaults (docs/tasks.md#mixtures)")
-        for name, source in self.sources.items():
-            where = f"data.sources.{name}"
-            need(source.weight > 0, f"{where}.weight", f"must be > 0, got {source.weight}")
-            need(getattr(source.data, "sampling", None) is None or source.data.sampling.mode == "uniform",
-                 f"{where}.data.sampling.mode", "a mixture draws by difficulty as a whole: set data.sampling.mode")
-            try:
-                source.data.check()
-                source.reward.check()
-            except ConfigError as e:  # (a source's keys named where they are)
-                raise ConfigError(f"{where}.{e}") from e
-
-
-@dataclass
-class RewardTerm:
-    """One term of `reward.terms` (a term with no weight or kwargs takes these)."""
-
-    _target_: str = MISSING
-    weight: float = 1.0
-    kwargs: dict[str, Any] = field(default_factory=dict)
-
-    @staticmethod
-    def parse(name: str, term: Any) -> RewardTerm:
-        """The term `name` of `reward.terms` from its mapping, its types checked (the schema leaves terms
-        untyped)."""
-        key = f"reward.terms.{name}"
-        need(isinstance(term, dict) and isinstance(term.get("_target_"), str), f"{key}._target_",
-             "is missing: each term names its reward function by dotted path")
-        weight = term.get("weight", RewardTerm.weight)
-        need(isinstance(weight, int | float) and not isinstance(weight, bool), f"{key}.weight",
-             f"must be a number, got {weight!r}")
-        kwargs = term.get("kwargs") or {}
-        need(isinstance(kwargs, dict), f"{key}.kwargs", "must be a mapping of the function's keyword arguments")
-        return RewardTerm(term["_target_"], float(weight), kwargs)
-
-
-@dataclass
-class RewardConfig:
-    # Each term is a RewardTerm, left untyped here so that `+reward.terms.NAME._target_=...` can add one
-    # from the command line (OmegaConf cannot create a dataclass node there); rlvr.keys and `check`
-    # hold every term to RewardTerm's keys and types.
-    terms: dict[str, Any] = field(default_factory=dict)
-    correct_term: str = MISSING
-    timeout_s: float | None = MISSING
-    error_value: float = MISSING
-    workers: int = MISSING
-    combine: Combine = MISSING
-
-    def check(self) -> None:
-        need(self.correct_term in self.terms, "reward.correct_term",
-             f"names the term that defines accuracy; {self.correct_term!r} is not one of {list(self.terms)}")
-        need(self.timeout_s is None or self.timeout_s >= 0, "reward.timeout_s", "must be >= 0 (0 or null: none)")
-        need(self.workers >= 0, "reward.workers", "must be >= 0 (0: score in this process)")
 
 
 @dataclass
@@ -645,20 +457,6 @@ def typed(cfg: DictConfig) -> TrainConfig:
     return out
 
 
-def reward_terms(terms: dict[str, Any]) -> dict[str, RewardTerm]:
-    """`reward.terms` as RewardTerms (each a mapping of _target_, weight, kwargs; or a RewardTerm)."""
-    return {name: term if isinstance(term, RewardTerm) else RewardTerm.parse(name, term)
-            for name, term in terms.items()}
-
-
-def task_options(data: DataConfig | OpenDataConfig) -> dict[str, Any]:
-    """The keyword arguments of a task's constructor: every key of `data` but `_target_` and `sampling`
-    (how the run draws from the task: rlvr.data.sampling)."""
-    if isinstance(data, OpenDataConfig):
-        return {"batch_size": data.batch_size, **data.options}
-    return {f.name: getattr(data, f.name) for f in dataclasses.fields(data) if f.name not in ("_target_", "sampling")}
-
-
 def register() -> None:
     """Put every schema in Hydra's ConfigStore (called once by the CLI before composing)."""
     cs = ConfigStore.instance()
@@ -686,20 +484,10 @@ def register() -> None:
     cs.store(group="data", name="mixture_schema", node=MixtureDataConfig)
 
 
-class ConfigError(RlvrError, ValueError):
-    """A config that composes but makes no sense; the message names the key."""
-
-
 def check(cfg: TrainConfig, training: bool = True) -> None:
     """`cfg.check(training)`: every value and combination that composes but cannot work, refused naming
     the key (TrainConfig.check)."""
     cfg.check(training)
-
-
-def need(ok: bool, key: str, why: str) -> None:
-    """The check of one key: a ConfigError naming it, saying `why`, unless `ok`."""
-    if not ok:
-        raise ConfigError(f"{key}: {why}")
 
 
 def need_schedule(stage: SftConfig | DpoConfig, node: str) -> None:

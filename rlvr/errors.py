@@ -18,6 +18,16 @@ class EngineConfigError(RlvrError, ValueError):
     """Engine settings that cannot work with this model or machine; the message names the key."""
 
 
+class ConfigError(RlvrError, ValueError):
+    """A config that composes but makes no sense; the message names the key."""
+
+
+def need(ok: bool, key: str, why: str) -> None:
+    """The check of one key: a ConfigError naming it, saying `why`, unless `ok`."""
+    if not ok:
+        raise ConfigError(f"{key}: {why}")
+
+
 
 def import_failure(target: str, error: BaseException) -> str:
     """Why the dotted path `target` (a `_target_`) did not import, in one line with the fix, from the

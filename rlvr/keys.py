@@ -3,7 +3,7 @@
 Hydra rejects `optim.lrr=1e-5` (the schema has no `lrr`), but its error message suggests
 `+optim.lrr=1e-5`, and a `+` override adds a key even to a typed node: the run would go on with a
 dead key in its config.yaml. `unknown_keys` walks the composed config and fails on any key that a
-node's schema (a dataclass of rlvr/config.py) does not declare.
+node's schema (a dataclass of rlvr/config.py or rlvr/config_data.py) does not declare.
 
 Untyped nodes are not checked here: a user's task without a schema (its constructor rejects what it
 does not take) and the `kwargs` of reward terms (the reward function's own keywords). Reward terms
@@ -21,7 +21,10 @@ from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from rlvr.config import RENAMED, Choice, ConfigError, RewardTerm, TrainConfig
+from rlvr.choices import Choice
+from rlvr.config import RENAMED, TrainConfig
+from rlvr.config_data import RewardTerm
+from rlvr.errors import ConfigError
 
 # reward.terms.NAME (and a mixture source's): untyped in the schema (so that `+` can add a term), held to RewardTerm's keys here.
 _TERM = re.compile(r"(data\.sources\.[^.]+\.)?reward\.terms\.[^.]+")

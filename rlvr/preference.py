@@ -193,7 +193,7 @@ def dpo_step(run, step: int, watch) -> dict[str, float]:
 def run_dpo(cfg: TrainConfig, run_dir: Path, recipe_dir: Path | None = None) -> dict[str, float]:
     """The preference stage into `run_dir` (its model in `run_dir/model`); `recipe_dir`: the run dir of
     the recipe it is a stage of."""
-    from rlvr.config import ConfigError
+    from rlvr.errors import ConfigError
     from rlvr.loop import run_steps
     from rlvr.run import build
 

@@ -268,7 +268,7 @@ def sft_step(run, step: int, watch) -> dict[str, float]:
 def run_sft(cfg: TrainConfig, run_dir: Path, recipe_dir: Path | None = None) -> dict[str, float]:
     """`rlvr sft`: the cold start alone, into `run_dir` (its model in `run_dir/model`); or, with
     `recipe_dir`, a stage of the recipe in `recipe_dir` (rlvr.recipe)."""
-    from rlvr.config import ConfigError
+    from rlvr.errors import ConfigError
     from rlvr.loop import Plateau, run_steps
     from rlvr.run import build
 

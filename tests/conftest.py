@@ -14,7 +14,8 @@ from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
 from rlvr.cli import CONFIG_DIR
-from rlvr.config import RewardConfig, TrainConfig, register, reward_terms, typed
+from rlvr.config import TrainConfig, register, typed
+from rlvr.config_data import RewardConfig, reward_terms
 from rlvr.models import build_atomically
 from rlvr.models.tiny import build as build_tiny
 

@@ -13,8 +13,9 @@ from hydra import compose, initialize_config_dir
 from hydra.utils import get_method
 
 from rlvr.cli import CONFIG_DIR
-from rlvr.config import ConfigError, check, register, typed
+from rlvr.config import check, register, typed
 from rlvr.data import build_task
+from rlvr.errors import ConfigError
 from rlvr.keys import check_overrides, group_options, unknown_keys
 from rlvr.rewards import Rewards, build_rewards
 from rlvr.rollout.engine import EngineConfigError, check_backend
@@ -341,11 +342,11 @@ def test_a_tokenizer_without_chat_template_is_named(tmp_path, cache_dir, tiny_pa
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
 
 
-def test_doctests_of_config_and_errors():
+def test_doctests_of_the_config_modules():
     import doctest
 
-    from rlvr import config, errors
+    from rlvr import choices, config, errors
 
-    for module in (config, errors):
+    for module in (choices, config, errors):
         result = doctest.testmod(module)
         assert result.attempted > 0 and result.failed == 0, module.__name__

@@ -13,7 +13,8 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
-from rlvr.config import ConfigError, check
+from rlvr.config import check
+from rlvr.errors import ConfigError
 from rlvr.learner import Learner, make_batch
 from rlvr.learner.lora import merged_weights
 from rlvr.learner.precision import CANARY_TOL

@@ -10,9 +10,10 @@ import random
 
 import pytest
 
-from rlvr.config import ConfigError, check
+from rlvr.config import check
 from rlvr.data import build_task
 from rlvr.data.mixture import Mixture
+from rlvr.errors import ConfigError
 from rlvr.keys import unknown_keys
 from rlvr.metrics import summarise
 from rlvr.records import Rollout

@@ -8,9 +8,10 @@ import json
 
 import pytest
 
-from rlvr.config import ConfigError, check
+from rlvr.config import check
 from rlvr.data import build_task
 from rlvr.data.sampling import DifficultySampling, prompt_key
+from rlvr.errors import ConfigError
 
 from .conftest import compose_config
 from .test_files import write

@@ -14,7 +14,8 @@ import zlib
 from pathlib import Path
 from typing import Protocol
 
-from rlvr.config import TrainConfig, task_options
+from rlvr.config import TrainConfig
+from rlvr.config_data import task_options
 from rlvr.errors import RlvrError, import_failure
 from rlvr.records import Prompt
 

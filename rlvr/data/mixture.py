@@ -14,7 +14,7 @@ import dataclasses
 import random
 from collections.abc import Sequence
 
-from rlvr.config import MixtureSource
+from rlvr.config_data import MixtureSource
 from rlvr.data import Task, TaskError, make_task, rng_state, set_rng_state
 from rlvr.records import Demonstration, Prompt
 

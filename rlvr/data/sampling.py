@@ -29,7 +29,7 @@ import json
 import random
 from collections.abc import Sequence
 
-from rlvr.config import SamplingConfig
+from rlvr.config_data import SamplingConfig
 from rlvr.data import Task, rng_state, set_rng_state
 from rlvr.records import Prompt
 

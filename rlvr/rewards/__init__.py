@@ -28,7 +28,8 @@ from typing import TYPE_CHECKING
 
 from hydra.utils import get_method
 
-from rlvr.config import Combine, RewardConfig
+from rlvr.choices import Combine
+from rlvr.config_data import RewardConfig
 from rlvr.errors import RlvrError, import_failure
 from rlvr.records import Rollout
 from rlvr.rewards.pool import Call, Outcome, RewardPool

@@ -24,7 +24,8 @@ from typing import Protocol
 
 import torch
 
-from rlvr.config import Backend, RolloutConfig
+from rlvr.choices import Backend
+from rlvr.config import RolloutConfig
 from rlvr.errors import EngineConfigError, EngineError, WeightSyncError
 from rlvr.records import Prompt, Rollout
 from rlvr.rollout.fingerprint import WIDTH, digest, window
