@@ -8,7 +8,8 @@ For each seed:
 1. The cold start of `+experiment=multiplication_4x2_sft`, ending where the held-out pass@G at the RL
    group size stops rising (`rlvr sft ... sft.eval_every=50 sft.plateau_patience=2`; `sft.steps` stays
    the most it runs) into OUT/seed-N/sft. Its checkpoint of step `--early` is kept as the model
-   OUT/seed-N/sft-stepE; its other checkpoints are removed once it has ended.
+   OUT/seed-N/sft-stepE; its other checkpoints are removed once it has ended (and each arm's, once it
+   has).
 2. RL from that model, one run per arm (`rlvr train ... recipe=[rl] model=local model.path=OUT/seed-N/sft/model`)
    into OUT/seed-N/ARM, `--steps` RL steps (an arm's run already there is kept as it is):
    - base: the recipe's RL (16 prompts x 8 samples, temperature 1.0, lr 1e-5, GRPO);
@@ -85,6 +86,7 @@ def main() -> None:
                           f"model.path={model.resolve()}", f"trainer.max_steps={args.steps}",
                           "trainer.save_model=false", f"seed={seed}", *ARMS[arm], *args.overrides,
                           f"hydra.run.dir={run_dir}"], run_dir)
+                shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)  # (the arm is done: 1.6 GB each)
 
     print(f"\n| seed | cold start: held-out accuracy / pass@8 (step: greedy / pass@8) | ended at step | "
           f"training time to step {args.early} / to its end (min) |\n|---|---|---|---|")
