@@ -8,10 +8,9 @@ For each seed:
 1. The cold start of `+experiment=multiplication_4x2_sft`, ending where the held-out pass@G at the RL
    group size stops rising (`rlvr sft ... sft.eval_every=50 sft.plateau_patience=2`; `sft.steps` stays
    the most it runs) into OUT/seed-N/sft. Its checkpoint of step `--early` is kept as the model
-   OUT/seed-N/sft-stepE; its other checkpoints are removed once it has ended (and each arm's, once it
-   has).
+   OUT/seed-N/sft-stepE; its other checkpoints are removed once it has ended.
 2. RL from that model, one run per arm (`rlvr train ... recipe=[rl] model=local model.path=OUT/seed-N/sft/model`)
-   into OUT/seed-N/ARM, `--steps` RL steps (an arm's run already there is kept as it is):
+   into OUT/seed-N/ARM, `--steps` RL steps (an arm's run already there is kept as it is; its checkpoints go once it is done):
    - base: the recipe's RL (16 prompts x 8 samples, temperature 1.0, lr 1e-5, GRPO);
    - early: base, from the cold start's model at step `--early` (when the cold start ends);
    - hot: sampled at temperature 1.2 (exploration);
