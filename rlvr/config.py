@@ -268,7 +268,8 @@ class TrainerConfig:
     def check(self) -> None:
         need(self.max_steps >= 1, "trainer.max_steps",
              f"must be >= 1, got {self.max_steps} (to evaluate a model without training, use rlvr eval)")
-        need(self.save_every >= 0 and self.keep_last >= 0, "trainer.save_every", "save_every and keep_last must be >= 0")
+        for key in ("save_every", "keep_last"):
+            need(getattr(self, key) >= 0, f"trainer.{key}", f"must be >= 0, got {getattr(self, key)}")
         need(self.max_bad_steps >= 1, "trainer.max_bad_steps", "must be >= 1")
 
 

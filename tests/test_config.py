@@ -91,6 +91,7 @@ def test_make_train_runs_dapo_unless_told_otherwise():
     ("sft.save_every=-1", "sft.save_every: must be >= 0"),
     ("dpo.eval_every=-1", "dpo.eval_every: must be >= 0"),
     ("dpo.lr=0", "dpo.lr: must be > 0"),
+    ("trainer.keep_last=-1", "trainer.keep_last: must be >= 0"),
     # the plateau is watched at the evaluations: without them it would never be reached
     ("sft.plateau_patience=2 sft.eval_every=0", "sft.plateau_patience: the plateau is watched at the evaluations"),
 ])
