@@ -49,6 +49,12 @@ def _minutes(records: list[dict], until: int | None = None) -> float:
     return sum(r["time/step_s"] for r in records if "time/step_s" in r and (until is None or r["step"] <= until)) / 60
 
 
+def _spread(values: list[float], sign: bool = False) -> str:
+    """The mean over seeds, ± their standard deviation where there are two or more."""
+    mean = f"{statistics.mean(values):{'+' if sign else ''}.3f}"
+    return mean + (f" ± {statistics.stdev(values):.3f}" if len(values) > 1 else "")
+
+
 def _keep_early(cold: Path, early: Path, step: int) -> None:
     """Keep the ended cold start's model of `step` as `early`; remove its checkpoints (the stage is done)."""
     checkpoint = cold / "checkpoints" / f"step-{step:06d}" / "model"
@@ -104,7 +110,8 @@ def main() -> None:
     print("\n| seed | arm | held-out accuracy (RL step: accuracy) | RL's gain | groups without signal | "
           "rollouts discarded / step | sampled entropy | RL training time (min) | the whole recipe (min) |\n"
           "|---|---|---|---|---|---|---|---|---|")
-    gains: dict[str, list[float]] = {}
+    accuracy: dict[str, dict[int, list[float]]] = {}  # arm -> RL step -> one accuracy per seed
+    gain: dict[str, dict[int, list[float]]] = {}
     for seed in args.seeds:
         for arm in ARMS:
             run_dir = args.out / f"seed-{seed}" / arm
@@ -113,19 +120,23 @@ def main() -> None:
             records = _records(run_dir)
             evals = [r for r in records if "eval/accuracy" in r]
             steps = [r for r in records if "groups/zero_adv_frac" in r]
-            gain = evals[-1]["eval/accuracy"] - evals[0]["eval/accuracy"]
-            gains.setdefault(arm, []).append(gain)
+            for r in evals:
+                accuracy.setdefault(arm, {}).setdefault(r["step"], []).append(r["eval/accuracy"])
+                gain.setdefault(arm, {}).setdefault(r["step"], []).append(r["eval/accuracy"] - evals[0]["eval/accuracy"])
             curve = ", ".join(f"{r['step']}: {r['eval/accuracy']:.3f}" for r in evals)
             rl = _minutes(records)
             whole = rl + cold_minutes.get((seed, "early" if arm == "early" else "end"), float("nan"))
-            print(f"| {seed} | {arm} | {curve} | {gain:+.3f} | "
+            print(f"| {seed} | {arm} | {curve} | {evals[-1]['eval/accuracy'] - evals[0]['eval/accuracy']:+.3f} | "
                   f"{statistics.mean(r['groups/zero_adv_frac'] for r in steps):.2f} | "
                   f"{statistics.mean(r['rollouts/discarded'] for r in steps):.1f} | "
                   f"{statistics.mean(r['entropy/sampled'] for r in steps):.3f} | {rl:.1f} | {whole:.1f} |")
-    print("\n| arm | RL's gain, mean ± sd | seeds |\n|---|---|---|")
-    for arm, values in gains.items():
-        spread = f" ± {statistics.stdev(values):.3f}" if len(values) > 1 else ""
-        print(f"| {arm} | {statistics.mean(values):+.3f}{spread} | {len(values)} |")
+    print("\n| arm | held-out accuracy, mean ± sd over seeds (RL step: accuracy) | RL's gain (RL step: gain) | "
+          "seeds |\n|---|---|---|---|")
+    for arm in accuracy:
+        later = [step for step in gain[arm] if step > 0]
+        print(f"| {arm} | {', '.join(f'{step}: {_spread(values)}' for step, values in accuracy[arm].items())} | "
+              f"{', '.join(f'{step}: {_spread(gain[arm][step], sign=True)}' for step in later)} | "
+              f"{max(len(values) for values in accuracy[arm].values())} |")
 
 if __name__ == "__main__":
     main()
