@@ -108,8 +108,9 @@ def collect_groups(task: Task, fit: PromptFit, generate: Generate, rewards: Rewa
         else:
             log.warning("dynamic sampling: no group carries a signal after %d extra rounds; this step changes "
                         "nothing", dynamic.max_rounds)
-            return Collected(rollouts, scores, *first, times, round_, dropped)
     kept = kept[:P]
+    if not kept:
+        return Collected([], first[1][:0], *first, times, round_, dropped)
     return Collected([r for g, _ in kept for r in g], torch.stack([s for _, s in kept]), *first, times, round_,
                      dropped)
 

@@ -77,6 +77,20 @@ def test_all_zero_advantages_change_nothing(cache_dir, tiny_path):
     assert all(torch.equal(v, before[k]) for k, v in learner.policy.named_weights())
 
 
+@pytest.mark.parametrize("empty", ["zero advantages", "no rollouts"])
+def test_nothing_to_learn_from_takes_no_step_after_real_ones(cache_dir, tiny_path, empty):
+    # After a real update AdamW's moments are non-zero: a step on zero gradients would still move the
+    # weights. With nothing to learn from no backward runs, and AdamW passes over parameters without one.
+    learner = _learner(cache_dir, tiny_path, "optim.weight_decay=0.1")
+    learner.step(_batch())
+    before = _params(learner)
+    batch = _batch(seed=1) if empty == "zero advantages" else make_batch([], pad_id=0)
+    batch.advantages.zero_()
+    stats = learner.step(batch)
+    assert stats["learn/sequences"] == 0 and stats["grad_norm"] == 0
+    assert all(torch.equal(v, before[k]) for k, v in learner.policy.named_weights())
+
+
 def test_epochs_and_mini_batches_take_that_many_optimizer_steps(cache_dir, tiny_path):
     learner = _learner(cache_dir, tiny_path, "algorithm.ppo_epochs=2", "algorithm.mini_batches=2")
     stats = learner.step(_batch())

@@ -93,12 +93,16 @@ def test_dynamic_sampling_keeps_groups_by_their_shaped_scores(cache_dir, tiny_pa
 
     try:
         c = collect_groups(task, fit, engine.generate, rewards, score, cfg, step=1)
+        # without the bonus no group of any round has a signal: nothing is trained on
+        flat = collect_groups(task, fit, engine.generate, rewards, lambda r: shaped_scores(r, rewards, learner, cfg),
+                              cfg, step=2)
     finally:
         engine.close()
     assert all(r.reward == 0 for r in c.first_round)
     # Two rounds (max_rounds=1), the first group of each kept: 2 groups, each with exactly one non-zero score.
     assert c.rounds == 1 and c.scores.shape == (2, 4)
     assert c.scores[:, 0].tolist() == [0.5, 0.5] and c.scores[:, 1:].abs().sum() == 0
+    assert flat.rounds == 1 and flat.rollouts == [] and flat.scores.shape == (0, 4) and len(flat.first_round) == 8
 
 
 def test_prompts_that_cannot_fit_the_context_stop_the_run_at_start(tmp_path, cache_dir):
