@@ -451,10 +451,13 @@ def typed(cfg: DictConfig) -> TrainConfig:
     out.reward.terms = reward_terms(out.reward.terms)
     if isinstance(out.data, dict):
         out.data = OpenDataConfig.parse(out.data)
-    for source in getattr(out.data, "sources", {}).values():  # (a mixture's)
-        source.reward.terms = reward_terms(source.reward.terms)
-        if isinstance(source.data, dict):
-            source.data = OpenDataConfig.parse(source.data)
+    for name, source in getattr(out.data, "sources", {}).items():  # (a mixture's)
+        try:
+            source.reward.terms = reward_terms(source.reward.terms)
+            if isinstance(source.data, dict):
+                source.data = OpenDataConfig.parse(source.data)
+        except ConfigError as e:  # (a source's keys named where they are)
+            raise ConfigError(f"data.sources.{name}.{e}") from e
     return out
 
 

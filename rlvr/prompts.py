@@ -111,7 +111,11 @@ class PromptFit:
         ids: list[list[int]] = []
         long: list[int] = []
         for _ in range(MAX_DRAWS):
-            more, more_ids, too_long = self.fit(task.sample(n - len(prompts)))
+            drawn = task.sample(n - len(prompts))
+            more, more_ids, too_long = self.fit(drawn)
+            if too_long and (note := getattr(task, "dropped", None)):  # (difficulty sampling's: not again)
+                kept = {id(p) for p in more}
+                note([p for p in drawn if id(p) not in kept])
             prompts += more
             ids += more_ids
             long += too_long

@@ -93,6 +93,8 @@ def test_each_source_gets_its_own_accuracy_for_its_curriculum():
     ([*MIX, "data.sources.multiplication.reward.correct_term=right"],
      "data.sources.multiplication.reward.correct_term: names the term that defines accuracy"),
     ([*MIX, "data.sources.multiplication.data.eval_size=0"], "data.sources.multiplication.data.eval_size: must be >= 1"),
+    ([*MIX, "data.sources.multiplication.reward.terms.correct.weight=heavy"],
+     "data.sources.multiplication.reward.terms.correct.weight: must be a number"),
     ([*MIX, "data.sources.multiplication.data.sampling.mode=difficulty"],
      "data.sources.multiplication.data.sampling.mode: a mixture draws by difficulty as a whole"),
 ])

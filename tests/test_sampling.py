@@ -67,15 +67,54 @@ def test_solved_prompts_are_retired_then_drawn_again(tmp_path):
 
 
 def test_a_resumed_sampler_draws_what_it_would_have(tmp_path):
-    a = _task(tmp_path, "data.sampling.mode=difficulty")
-    for step in (1, 2):
+    # Every part of the state in play: pass rates; prompts solved once (retired when solved again); prompts
+    # retired at step 1 (solved in both of its rounds, as dynamic sampling draws them), out until step 3;
+    # one prompt too long.
+    options = ["data.sampling.mode=difficulty", "data.sampling.retire_after=2", "data.sampling.retire_steps=2"]
+    a = _task(tmp_path, *options)
+    for step, rounds in ((1, 2), (2, 1)):
         prompts = a.sample(8)
-        a.observe(prompts, [(_number(p) % 3) / 2 for p in prompts], step)
+        for _ in range(rounds):
+            a.observe(prompts, [(_number(p) % 3) / 2 for p in prompts], step)
+    a.dropped(prompts[:1])
+    a.metrics()  # (as each step's record does: the candidates passed over counted anew)
     state = json.loads(json.dumps(a.state_dict()))  # as a checkpoint keeps it
-    b = _task(tmp_path, "data.sampling.mode=difficulty")
+    assert state["retired"] and any(state["solved"].values()) and state["too_long"]
+    b = _task(tmp_path, *options)
     b.load_state_dict(state)
-    assert [p.answer for p in a.sample(8)] == [p.answer for p in b.sample(8)]
-    assert a.metrics()["sampling/tracked"] == b.metrics()["sampling/tracked"] > 0
+    assert json.loads(json.dumps(b.state_dict())) == state
+    for step in (3, 4, 5):
+        drawn = [a.sample(8), b.sample(8)]
+        assert [p.answer for p in drawn[0]] == [p.answer for p in drawn[1]]
+        for task, prompts in zip((a, b), drawn, strict=True):
+            task.observe(prompts, [(_number(p) % 3) / 2 for p in prompts], step)
+    assert a.metrics() == b.metrics()
+
+
+def test_a_prompt_too_long_for_the_context_is_not_drawn_again(tmp_path, tiny_path):
+    """Every other prompt is solved (the floor weight) while the long ones stay unseen (the top weight):
+    without a memory of the drop, they would fill most of every draw, step after step."""
+    from transformers import AutoTokenizer
+
+    from rlvr.prompts import PromptFit
+
+    rows = [{"question": f"What is {i} + {i}?" + (" Think hard." * 40 if i % 4 == 0 else ""), "answer": str(2 * i)}
+            for i in range(40)]
+    path = write(tmp_path / "rows.jsonl", rows, "jsonl")
+    task = build_task(compose_config(["data=jsonl", f"data.path={path}", "data.prompt_key=question", "data.eval_size=2",
+                                      "data.eval_path=null", "data.sampling.mode=difficulty",
+                                      "data.sampling.retire_steps=0"]))
+    fit = PromptFit(AutoTokenizer.from_pretrained(tiny_path), max_model_len=200, max_tokens=16)
+    fit.probe(task, 4)
+    assert task.metrics()["sampling/passed_over"] == 0  # (the probe's draw was put back, and its count)
+    long = {prompt_key(p) for p in task.task.sample(40) if _number(p) % 4 == 0}
+    dropped = 0
+    for step in range(1, 31):
+        prompts, _, too_long = fit.sample(task, 4)
+        dropped += too_long
+        task.observe(prompts, [1.0] * len(prompts), step)
+        assert not long & {prompt_key(p) for p in prompts}
+    assert dropped <= len(long) and task.too_long <= long
 
 
 def test_held_out_prompts_are_never_drawn(tmp_path):

@@ -19,6 +19,8 @@ How it meets the rest of a run:
   rates, the discarded ones too (their rollouts were paid for).
 - A generator task (multiplication) rarely draws a prompt twice: retiring does little there, and the
   draw favours nothing it has not seen; a dataset, pass after pass, is where it pays.
+- A prompt too long for the engine's context (rlvr.prompts.PromptFit drops it) is never offered
+  again: unseen, it would weigh as much as any prompt and be drawn and dropped step after step.
 - The pass rates are part of the task's state in checkpoints: a resumed run draws what it would have.
 """
 
@@ -52,6 +54,7 @@ class DifficultySampling:
         self.rates: dict[str, float] = {}  # prompt key -> recent pass rate
         self.solved: dict[str, int] = {}  # prompt key -> times in a row its whole group was right
         self.retired: dict[str, int] = {}  # prompt key -> the last step it sits out
+        self.too_long: set[str] = set()  # prompt keys the context cannot hold: never drawn
         self.step = 0  # the last step observed
         self.discarded = 0  # candidates the task offered that were not drawn, since the last `metrics`
 
@@ -63,12 +66,17 @@ class DifficultySampling:
         """`n` prompts: `candidates * n` of the task's, the retired ones left out, then a weighted draw."""
         offered = self.task.sample(self.cfg.candidates * n)
         keys = [prompt_key(p) for p in offered]
-        open_ = [i for i, k in enumerate(keys) if self.retired.get(k, -1) < self.step + 1]
+        fits = [i for i, k in enumerate(keys) if k not in self.too_long]
+        open_ = [i for i in fits if self.retired.get(keys[i], -1) < self.step + 1]
         if len(open_) < n:  # (too few not retired: the retired ones fill up, the least solved first)
-            open_ += sorted(set(range(len(offered))) - set(open_), key=lambda i: -self.weight(keys[i]))[: n - len(open_)]
+            open_ += sorted(set(fits) - set(open_), key=lambda i: -self.weight(keys[i]))[: n - len(open_)]
         chosen = _weighted_draw(self.rng, [self.weight(keys[i]) for i in open_], n)
         self.discarded += len(offered) - len(chosen)
         return [offered[open_[j]] for j in sorted(chosen)]
+
+    def dropped(self, prompts: Sequence[Prompt]) -> None:
+        """Prompts drawn but too long for the context (rlvr.prompts.PromptFit.sample): never offered again."""
+        self.too_long.update(prompt_key(p) for p in prompts)
 
     def observe(self, prompts: Sequence[Prompt], pass_rates: Sequence[float], step: int) -> None:
         """Each drawn prompt's group pass rate at `step` (rlvr.train.collect_groups, every round)."""
@@ -105,13 +113,15 @@ class DifficultySampling:
 
     def state_dict(self) -> dict:
         return {"task": self.task.state_dict(), "rng": rng_state(self.rng), "rates": self.rates,
-                "solved": self.solved, "retired": self.retired, "step": self.step}
+                "solved": self.solved, "retired": self.retired, "step": self.step, "too_long": sorted(self.too_long)}
 
     def load_state_dict(self, state: dict) -> None:
         self.task.load_state_dict(state["task"])
         set_rng_state(self.rng, state["rng"])
         self.rates, self.solved, self.retired = dict(state["rates"]), dict(state["solved"]), dict(state["retired"])
         self.step = state["step"]
+        self.too_long = set(state.get("too_long", []))  # (absent from checkpoints written before it was kept)
+        self.discarded = 0  # (what a draw before the load passed over is not this run's)
 
 
 def _weighted_draw(rng: random.Random, weights: list[float], n: int) -> list[int]:
