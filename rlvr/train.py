@@ -109,10 +109,8 @@ def collect_groups(task: Task, fit: PromptFit, generate: Generate, rewards: Rewa
             log.warning("dynamic sampling: no group carries a signal after %d extra rounds; this step changes "
                         "nothing", dynamic.max_rounds)
     kept = kept[:P]
-    if not kept:
-        return Collected([], first[1][:0], *first, times, round_, dropped)
-    return Collected([r for g, _ in kept for r in g], torch.stack([s for _, s in kept]), *first, times, round_,
-                     dropped)
+    scores = torch.stack([s for _, s in kept]) if kept else first[1][:0]  # (none kept: [0, G], nothing trained)
+    return Collected([r for g, _ in kept for r in g], scores, *first, times, round_, dropped)
 
 
 def shaped_scores(rollouts: list[Rollout], rewards: Rewards, learner: Learner,
