@@ -16,7 +16,8 @@ For each seed:
    - hot: sampled at temperature 1.2 (exploration);
    - g16: 8 prompts x 16 samples (the same 128 rollouts a step, more chances of a mixed group);
    - difficulty: difficulty-aware sampling of the training prompts (data.sampling.mode=difficulty);
-   - dynamic: DAPO's dynamic sampling on (flat groups dropped, more prompts drawn, up to 3 rounds).
+   - dynamic: DAPO's dynamic sampling on (flat groups dropped, more prompts drawn, up to 3 rounds);
+   - small: 8 prompts x 8 samples (half the rollouts and rows a step: about twice the RL steps in one time).
 Printed: the cold start's held-out greedy accuracy and pass@G at each evaluation and where it ended, and
 per arm the held-out greedy accuracy at each evaluation, RL's gain over the model it started from, the
 groups without signal (first round), the rollouts discarded a step and the training time. Times are
@@ -37,7 +38,7 @@ EXPERIMENT = "+experiment=multiplication_4x2_sft"
 COLD_START = ["sft.eval_every=50", "sft.plateau_patience=2", "sft.save_every=50", "trainer.keep_last=0"]
 ARMS = {"base": [], "early": [], "hot": ["rollout.temperature=1.2"],
         "g16": ["data.batch_size=8", "algorithm.group_size=16"], "difficulty": ["data.sampling.mode=difficulty"],
-        "dynamic": ["algorithm.dynamic_sampling.enabled=true"]}
+        "dynamic": ["algorithm.dynamic_sampling.enabled=true"], "small": ["data.batch_size=8"]}
 
 
 def _records(run_dir: Path) -> list[dict]:
